@@ -1,0 +1,20 @@
+"""Fidelity evaluation settings."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+EVAL_LEVELS = ("layertest", "e2e", "serve_task")
+
+
+@dataclass
+class EvalConfig:
+    level: str = "layertest"
+    num_prompts: int = 8
+    max_tokens: int = 64
+    seed: int = 0
+    tasks_file: str | None = None     # JSONL of {prompt, answer} for serve_task
+    endpoint: str = "http://127.0.0.1:8000/v1"
+
+    def __post_init__(self) -> None:
+        if self.level not in EVAL_LEVELS:
+            raise ValueError(f"eval.level={self.level!r} is not valid; expected one of {', '.join(EVAL_LEVELS)}")

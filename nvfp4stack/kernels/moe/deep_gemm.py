@@ -1,0 +1,23 @@
+"""DeepGEMM MoE (vLLM --moe-backend deep_gemm): FP8 block and DeepSeek-V4's native MXFP4 recipe."""
+from nvfp4stack.kernels.base import MOE_BACKENDS, VllmBackend, Verdict
+from nvfp4stack.schemes import Scheme
+
+
+@MOE_BACKENDS.register("deep_gemm")
+class DeepGemmMoE(VllmBackend):
+    kind = "moe"
+    vllm_moe_backend = "deep_gemm"
+    schemes = (Scheme.MXFP4, Scheme.FP8_BLOCK)
+    min_capability = (9, 0)
+    needs = "DeepGEMM targets Hopper and Blackwell"
+
+    @classmethod
+    def can_implement(cls, scheme: Scheme, shape=None) -> Verdict:
+        if scheme.is_nvfp4:
+            # The MegaMoE fork turned UE4M3/16 scales into UE8M0/32 and garbled the output.
+            return False, (
+                "deep_gemm's FP4 path is MXFP4 (UE8M0 per 32): NVFP4 experts would have to be "
+                "re-scaled to UE8M0, losing 3 mantissa bits per scale; NVFP4 routed experts are "
+                "never silently served as MXFP4 - pick an NVFP4 backend"
+            )
+        return super().can_implement(scheme, shape)

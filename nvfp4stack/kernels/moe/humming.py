@@ -1,0 +1,12 @@
+"""vLLM Humming MoE (vLLM --moe-backend humming): weight-only FP4 for SM75+."""
+from nvfp4stack.kernels.base import MOE_BACKENDS, VllmBackend
+from nvfp4stack.schemes import Scheme
+
+
+@MOE_BACKENDS.register("humming")
+class HummingMoE(VllmBackend):
+    kind = "moe"
+    vllm_moe_backend = "humming"
+    schemes = (Scheme.NVFP4, Scheme.NVFP4_W4A16)
+    min_capability = (7, 5)
+    needs = "Humming's weight-only kernels"

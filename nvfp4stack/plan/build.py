@@ -1,0 +1,34 @@
+"""Build the plan for a typed root config: the one entry point tasks use."""
+from __future__ import annotations
+
+from nvfp4stack.arch import Arch, resolve
+from nvfp4stack.models.dsv4_spec import dsv4_tensor_groups
+from nvfp4stack.models.resolve import config_json_path, model_dir
+from nvfp4stack.plan.groups import groups_from_checkpoint, load_config_json, source_scheme_dsv4
+from nvfp4stack.plan.memory import Layout
+from nvfp4stack.plan.planner import Plan, build_plan
+
+
+def layout_of(engine) -> Layout:
+    return Layout(tp=int(getattr(engine, "tp", 1)), dp=int(getattr(engine, "dp", 1)), ep=bool(getattr(engine, "ep", False)))
+
+
+def plan_groups(cfg):
+    """(group, stored scheme) pairs: from the checkpoint's headers when there are weights,
+    else (DeepSeek-V4 descriptors) from config.json alone."""
+    hf = load_config_json(config_json_path(cfg.model, cfg.cache_dir))
+    ckpt = model_dir(cfg.model, cfg.cache_dir) if (cfg.model.path or cfg.model.factory) else None
+    if ckpt is not None and any(ckpt.glob("*.safetensors")):
+        return hf, list(groups_from_checkpoint(ckpt, hf.get("num_hidden_layers")))
+    if cfg.model.family != "deepseek_v4":
+        raise FileNotFoundError(f"model {cfg.model.name}: no weights to plan from and no DeepSeek-V4 descriptor")
+    return hf, [(g, source_scheme_dsv4(g, cfg.model.source_format)) for g in dsv4_tensor_groups(hf)]
+
+
+def plan_for_config(cfg, arch: Arch | None = None, backend=None) -> Plan:
+    hf, groups = plan_groups(cfg)
+    return build_plan(
+        groups, model=cfg.model.name, family=cfg.model.family, arch=arch or resolve(cfg.arch.name),
+        source_format=cfg.model.source_format, precision=cfg.precision, backend=backend or cfg.backend,
+        layout=layout_of(cfg.engine), fp8_ue8m0=cfg.precision.fp8_scale_fmt == "ue8m0",
+    )

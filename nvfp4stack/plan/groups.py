@@ -1,0 +1,107 @@
+"""Where a plan's tensor groups come from: a DeepSeek-V4 config.json, or a checkpoint's headers."""
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from typing import Iterator
+
+from nvfp4stack.models.dsv4_spec import TensorGroup, dsv4_tensor_groups
+from nvfp4stack.plan.roles import is_mtp, role_of
+from nvfp4stack.schemes import Scheme
+
+# Stored-tensor suffixes that belong to one logical weight (native, modelopt, HF-FP8 layouts).
+GROUP_SUFFIXES = (".weight_scale_2", ".weight_scale_inv", ".weight_scale", ".input_scale",
+                  ".weight", ".scales", ".scale")
+NON_MATRIX_ROLES = {"norms", "mhc", "attn_sink"}
+
+
+def group_name(tensor_name: str) -> tuple[str, str]:
+    """Split a stored tensor name into (group, suffix): 'a.w1.weight_scale' -> ('a.w1', 'weight_scale')."""
+    for suf in GROUP_SUFFIXES:
+        if tensor_name.endswith(suf):
+            return tensor_name[: -len(suf)], suf[1:]
+    return tensor_name, ""
+
+
+def read_safetensors_header(path: Path) -> dict:
+    """The JSON header of one .safetensors file (names, dtypes, shapes) without reading data."""
+    with open(path, "rb") as f:
+        raw = f.read(8)
+        if len(raw) != 8:
+            raise ValueError(f"{path}: truncated safetensors file (no 8-byte header length); re-copy the shard")
+        (n,) = struct.unpack("<Q", raw)
+        if n > 100 * 2**20:
+            raise ValueError(f"{path}: header length {n} bytes is implausible; the file is corrupted, re-copy it")
+        header = json.loads(f.read(n))
+    header.pop("__metadata__", None)
+    return header
+
+
+def checkpoint_tensors(ckpt: Path) -> dict[str, dict]:
+    """name -> {'dtype', 'shape', 'file'} for every tensor of a (sharded) safetensors checkpoint."""
+    files = sorted(ckpt.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{ckpt}: no *.safetensors files; point model.path / checkpoint at a checkpoint dir")
+    out: dict[str, dict] = {}
+    for f in files:
+        for name, info in read_safetensors_header(f).items():
+            out[name] = {"dtype": info["dtype"], "shape": tuple(info["shape"]), "file": f.name}
+    return out
+
+
+_DTYPE_SCHEME = {"BF16": Scheme.BF16, "F16": Scheme.BF16, "F32": Scheme.BF16}
+
+
+def sniff_scheme(suffixes: dict[str, dict]) -> Scheme:
+    """The stored format of one group from its tensors' dtypes (never from a dtype alone)."""
+    w = suffixes.get("weight")
+    if "weight_scale_2" in suffixes and w is not None and w["dtype"] == "U8":
+        return Scheme.NVFP4
+    if w is not None and w["dtype"] in ("U8", "I8") and ("scales" in suffixes or "scale" in suffixes):
+        return Scheme.MXFP4
+    if w is not None and w["dtype"].startswith("F8"):
+        return Scheme.FP8_BLOCK
+    if w is not None:
+        return _DTYPE_SCHEME.get(w["dtype"], Scheme.PASSTHROUGH)
+    return Scheme.PASSTHROUGH
+
+
+def groups_from_checkpoint(ckpt: Path, num_hidden_layers: int | None) -> Iterator[tuple[TensorGroup, Scheme]]:
+    """Tensor groups of a real checkpoint, with the format each is stored in."""
+    by_group: dict[str, dict[str, dict]] = {}
+    for name, info in checkpoint_tensors(ckpt).items():
+        g, suf = group_name(name)
+        by_group.setdefault(g, {})[suf or "weight"] = info
+    for g, sufs in sorted(by_group.items()):
+        w = sufs.get("weight") or next(iter(sufs.values()))
+        role = role_of(g) or "unknown"
+        shape = tuple(w["shape"])
+        scheme = sniff_scheme(sufs)
+        if scheme in (Scheme.NVFP4, Scheme.MXFP4):
+            shape = (*shape[:-1], shape[-1] * 2)  # two E2M1 values per byte
+        matrix = len(shape) >= 2 and role not in NON_MATRIX_ROLES and w["dtype"] not in ("I64", "I32")
+        dtype = {"F32": "f32", "I64": "i64", "I32": "i32"}.get(w["dtype"], "bf16")
+        yield TensorGroup(g, shape, role, is_mtp(g, num_hidden_layers), dtype, matrix), scheme
+
+
+def source_scheme_dsv4(group: TensorGroup, source_format: str) -> Scheme:
+    """Stored format of a DeepSeek-V4 group in one of the three known layouts."""
+    if not group.is_matrix:
+        return Scheme.PASSTHROUGH
+    if source_format == "bf16":
+        return Scheme.BF16
+    if group.role == "routed_experts":
+        return Scheme.MXFP4 if source_format == "official" else Scheme.NVFP4
+    if group.role.startswith("attn.") or group.role in ("shared_experts", "indexer.wq_b", "mtp.proj"):
+        return Scheme.FP8_BLOCK
+    return Scheme.BF16
+
+
+def load_config_json(path: Path) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: config.json not found; the model dir must hold the HF config.json") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: config.json is not valid JSON ({e}); fix or regenerate it") from None

@@ -1,0 +1,53 @@
+"""Bytes per tensor group under a scheme, and how a TP/EP/DP layout shards them across GPUs."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from nvfp4stack.models.dsv4_spec import TensorGroup
+from nvfp4stack.schemes import Scheme
+
+_DTYPE_BYTES = {"bf16": 2, "f32": 4, "i64": 8, "i32": 4}
+# Sharded across tensor-parallel ranks in vLLM's DeepSeek-V4 (ColumnParallel/RowParallel or
+# vocab-parallel); everything else (wq_a/wkv fused replicated, compressor, indexer, norms, mHC)
+# is replicated on every GPU.
+_TP_SHARDED = {"attn.wq_b", "attn.wo_a", "attn.wo_b", "attn.wkv_b", "shared_experts", "embed", "head"}
+
+
+@dataclass
+class Layout:
+    """How the engine spreads the model: tensor parallel x data parallel, experts optionally EP."""
+
+    tp: int = 1
+    dp: int = 1
+    ep: bool = False
+
+    @property
+    def num_gpus(self) -> int:
+        return self.tp * self.dp
+
+
+def group_bytes(group: TensorGroup, scheme: Scheme, fp8_ue8m0: bool = True) -> int:
+    """Stored bytes of one group in ``scheme``, scales included."""
+    if not group.is_matrix or scheme is Scheme.PASSTHROUGH:
+        return group.numel * _DTYPE_BYTES.get(group.dtype, 2)
+    n = group.numel
+    *lead, rows, cols = group.shape
+    batches = math.prod(lead) if lead else 1
+    if scheme.is_nvfp4:
+        return n // 2 + n // 16 + 2 * 4 * batches  # E2M1 + UE4M3/16 + weight_scale_2 + input_scale
+    if scheme is Scheme.MXFP4:
+        return n // 2 + n // 32
+    if scheme is Scheme.FP8_BLOCK:
+        blocks = batches * math.ceil(rows / 128) * math.ceil(cols / 128)
+        return n + blocks * (1 if fp8_ue8m0 else 4)
+    return n * 2  # bf16
+
+
+def shard_factor(group: TensorGroup, layout: Layout) -> int:
+    """How many GPUs share one copy of this group."""
+    if group.role == "routed_experts":
+        return layout.tp * layout.dp if layout.ep else layout.tp
+    if group.role in _TP_SHARDED:
+        return layout.tp
+    return 1

@@ -1,0 +1,232 @@
+"""Precision rules + arch + backends -> a plan: per tensor group, source -> target, converter, kernel."""
+from __future__ import annotations
+
+import warnings
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+from nvfp4stack.arch import Arch
+from nvfp4stack.kernels.select import BackendError, Selection, select_backend
+from nvfp4stack.models.dsv4_spec import TensorGroup
+from nvfp4stack.plan.memory import Layout, group_bytes, shard_factor
+from nvfp4stack.plan.rules import PrecisionRule, first_match
+from nvfp4stack.schemes import Scheme
+
+
+class PlanError(ValueError):
+    """The requested precision/backend/arch combination breaks a rule; the message says which and the fix."""
+
+
+# Same stored tensors, different activation handling: no conversion between these.
+_SAME_STORAGE = {frozenset({Scheme.NVFP4, Scheme.NVFP4_W4A16})}
+
+
+@dataclass
+class GroupPlan:
+    """The decision for one tensor group."""
+
+    name: str
+    role: str
+    mtp: bool
+    source: Scheme
+    target: Scheme
+    served: Scheme          # what the kernel computes (NVFP4 checkpoints run W4A16 on Hopper)
+    converter: str | None
+    kernel: str
+    params: int
+    bytes: int
+    gpu_bytes: float        # bytes on one GPU under the layout
+    dtype: str = "bf16"     # logical dtype, shown for groups kept as stored (norms, mHC, ...)
+
+
+@dataclass
+class PlanRow:
+    """Groups aggregated by (role, mtp, decision), for printing and plan.json."""
+
+    role: str
+    mtp: bool
+    source: str
+    target: str
+    served: str
+    converter: str
+    kernel: str
+    count: int = 0
+    params: int = 0
+    bytes: int = 0
+    gpu_bytes: float = 0.0
+
+
+@dataclass
+class Plan:
+    model: str
+    family: str
+    arch: str
+    source_format: str
+    layout: Layout
+    groups: list[GroupPlan]
+    selections: dict[str, dict] = field(default_factory=dict)   # "moe:nvfp4" -> selection
+    backend_checks: dict[str, dict] = field(default_factory=dict)  # requested backend validity
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def rows(self) -> list[PlanRow]:
+        agg: dict[tuple, PlanRow] = {}
+        for g in self.groups:
+            src = g.dtype if g.source is Scheme.PASSTHROUGH else g.source.value
+            dst = g.dtype if g.target is Scheme.PASSTHROUGH else g.target.value
+            served = g.dtype if g.served is Scheme.PASSTHROUGH else g.served.value
+            key = (g.role, g.mtp, src, dst, served, g.converter or "-", g.kernel)
+            row = agg.setdefault(key, PlanRow(*key))
+            row.count += 1
+            row.params += g.params
+            row.bytes += g.bytes
+            row.gpu_bytes += g.gpu_bytes
+        return sorted(agg.values(), key=lambda r: (r.mtp, -r.bytes))
+
+    @property
+    def total_params(self) -> int:
+        return sum(g.params for g in self.groups)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(g.bytes for g in self.groups)
+
+    @property
+    def gpu_bytes(self) -> float:
+        return sum(g.gpu_bytes for g in self.groups)
+
+    def by_name(self) -> dict[str, GroupPlan]:
+        return {g.name: g for g in self.groups}
+
+    def to_json(self) -> dict:
+        by_role: dict[str, int] = defaultdict(int)
+        for g in self.groups:
+            by_role["mtp" if g.mtp else g.role] += g.bytes
+        return {
+            "model": self.model, "family": self.family, "arch": self.arch,
+            "source_format": self.source_format, "layout": asdict(self.layout),
+            "total_params": self.total_params, "total_bytes": self.total_bytes,
+            "bytes_by_role": dict(by_role), "gpu_bytes": self.gpu_bytes,
+            "selections": self.selections, "backend_checks": self.backend_checks,
+            "warnings": self.warnings,
+            "rows": [asdict(r) for r in self.rows],
+        }
+
+
+def resolve_target(group: TensorGroup, source: Scheme, rules: list[PrecisionRule],
+                   role_schemes: dict[str, str], mtp_scheme: str) -> Scheme:
+    """Rules first (first match wins), then the MTP setting, then the role's field."""
+    rule = first_match(rules, group.name, group.role, group.mtp)
+    if rule is not None:
+        target = Scheme(rule.scheme)
+    elif group.mtp and mtp_scheme != "inherit":
+        target = Scheme(mtp_scheme)
+    elif not group.is_matrix:
+        target = Scheme.PASSTHROUGH
+    else:
+        target = Scheme(role_schemes.get(group.role, "passthrough"))
+    return source if target is Scheme.PASSTHROUGH else target
+
+
+def converter_for(source: Scheme, target: Scheme, where: str) -> str | None:
+    """The registered converter from ``source`` to ``target`` (None when storage is unchanged)."""
+    if source is target or frozenset({source, target}) in _SAME_STORAGE or source is Scheme.PASSTHROUGH:
+        return None
+    import nvfp4stack.convert  # noqa: F401  (registers every converter)
+    from nvfp4stack.convert.base import CONVERTERS
+
+    want_target = Scheme.NVFP4 if target is Scheme.NVFP4_W4A16 else target
+    for name in CONVERTERS.names():
+        conv = CONVERTERS.get(name)
+        if getattr(conv, "source", None) is source and getattr(conv, "target", None) is want_target:
+            return name
+    raise PlanError(
+        f"{where}: no converter from {source.value} to {target.value}; available: "
+        + ", ".join(f"{CONVERTERS.get(n).source.value}->{CONVERTERS.get(n).target.value}"
+                    for n in CONVERTERS.names() if hasattr(CONVERTERS.get(n), "source"))
+        + ". Fix: choose a target reachable from the source format, or passthrough"
+    )
+
+
+def check_hard_rules(group: TensorGroup, source: Scheme, target: Scheme, family: str) -> None:
+    """The rules learned the hard way, as errors rather than comments."""
+    if family != "deepseek_v4":
+        return
+    where = f"{group.name} (role {group.role})"
+    if group.role == "attn.wo_a" and target in (Scheme.NVFP4, Scheme.NVFP4_W4A16, Scheme.MXFP4):
+        raise PlanError(
+            f"{where}: wo_a cannot be {target.value} under vLLM's DeepSeek-V4 (its o_proj reads the "
+            "weight directly as a grouped bmm): expected fp8_block or bf16. Fix: precision.attn.wo_a=fp8_block"
+        )
+    if group.role in ("compressor", "indexer.weights_proj") and group.is_matrix and target is not Scheme.BF16:
+        key = "precision.compressor" if group.role == "compressor" else "precision.indexer.weights_proj"
+        raise PlanError(
+            f"{where}: vLLM builds the compressor and the indexer's weights_proj with quant_config=None, "
+            f"so they must be bf16, found {target.value}. Fix: {key}=bf16 (or passthrough from a bf16 source)"
+        )
+    if group.role == "routed_experts" and source.is_nvfp4 and target is Scheme.MXFP4:
+        raise PlanError(
+            f"{where}: routed experts stored as NVFP4 are never turned into MXFP4 (UE4M3/16 -> UE8M0/32 "
+            "loses 3 mantissa bits per scale; it garbled the MegaMoE output). Fix: precision.routed_experts=nvfp4"
+        )
+
+
+def build_plan(groups: Iterable[tuple[TensorGroup, Scheme]], *, model: str, family: str, arch: Arch,
+               source_format: str, precision, backend, layout: Layout, fp8_ue8m0: bool = True) -> Plan:
+    """Resolve every group. Raises PlanError / BackendError with the fix on a broken combination."""
+    rules = list(precision.rules)
+    role_schemes = precision.role_schemes()
+    selections: dict[tuple[str, Scheme], Selection] = {}
+    used_targets: set[str] = set()
+    out: list[GroupPlan] = []
+    for group, source in groups:
+        target = resolve_target(group, source, rules, role_schemes, precision.mtp)
+        for rule in rules:
+            used_targets.update(rule.targets_matching(group.name, group.role, group.mtp))
+        check_hard_rules(group, source, target, family)
+        converter = converter_for(source, target, group.name) if group.is_matrix else None
+        served, kernel = target, "-"
+        if group.is_matrix:
+            if target is Scheme.BF16:
+                kernel = "unquantized"
+            else:
+                kind = "moe" if group.role == "routed_experts" else "linear"
+                key = (kind, target)
+                if key not in selections:
+                    choice = backend.moe if kind == "moe" else backend.linear
+                    selections[key] = select_backend(kind, choice, arch, target, key=f"backend.{kind}")
+                served, kernel = selections[key].served_scheme, selections[key].backend
+        nbytes = group_bytes(group, target, fp8_ue8m0)
+        out.append(GroupPlan(group.name, group.role, group.mtp, source, target, served, converter, kernel,
+                             group.numel, nbytes, nbytes / shard_factor(group, layout), group.dtype))
+    plan = Plan(model, family, arch.name, source_format, layout, out,
+                selections={f"{k}:{s.value}": asdict(v) | {"served_scheme": v.served_scheme.value}
+                            for (k, s), v in selections.items()})
+    for rule in rules:
+        for t in rule.targets:
+            if t not in used_targets:
+                msg = f"precision rule target {t!r} (scheme {rule.scheme}) matched no tensor group"
+                plan.warnings.append(msg)
+                warnings.warn(msg, stacklevel=2)
+    return plan
+
+
+def check_backend(kind: str, name: str, arch: Arch, scheme: Scheme) -> dict:
+    """Whether one named backend could run ``scheme`` on ``arch``, with the reason (for sweeps)."""
+    try:
+        sel = select_backend(kind, name, arch, scheme)
+        return {"backend": name, "valid": True, "reason": sel.reason, "served_scheme": sel.served_scheme.value}
+    except BackendError as e:
+        return {"backend": name, "valid": False, "reason": str(e)}
+
+
+def write_plan(plan: Plan, run_dir: Path) -> Path:
+    import json
+
+    from nvfp4stack.io_atomic import atomic_write_text
+
+    path = Path(run_dir) / "plan.json"
+    atomic_write_text(path, json.dumps(plan.to_json(), indent=2, default=str))
+    return path

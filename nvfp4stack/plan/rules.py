@@ -1,0 +1,64 @@
+"""Precision rules with llm-compressor semantics: ordered {targets, ignore, scheme}; ignore wins."""
+from __future__ import annotations
+
+import fnmatch
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from nvfp4stack.plan.roles import ROLES, role_covers
+from nvfp4stack.schemes import Scheme
+
+
+@lru_cache(maxsize=None)
+def _regex(pattern: str) -> re.Pattern:
+    return re.compile(pattern)
+
+
+def target_matches(target: str, name: str, role: str | None, mtp: bool) -> bool:
+    """One target against one tensor group.
+
+    ``re:<regex>`` searches the name; a pattern with ``*?[`` is an fnmatch on the name;
+    ``mtp`` names the whole MTP block; otherwise the target is an exact name or a role.
+    """
+    if target.startswith("re:"):
+        return bool(_regex(target[3:]).search(name))
+    if any(ch in target for ch in "*?["):
+        return fnmatch.fnmatchcase(name, target)
+    if target == "mtp":
+        return mtp
+    return name == target or (role is not None and role_covers(target, role))
+
+
+@dataclass
+class PrecisionRule:
+    """Apply ``scheme`` to groups matching any of ``targets`` and none of ``ignore``."""
+
+    targets: list[str] = field(default_factory=list)
+    scheme: str = "passthrough"
+    ignore: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.targets:
+            raise ValueError(
+                "precision.rules: a rule has no targets; give targets: [<role>|<name>|re:<regex>|<glob>] "
+                f"(roles: {', '.join(ROLES)}, mtp)"
+            )
+        Scheme.parse(self.scheme, where=f"precision.rules[targets={self.targets}].scheme")
+
+    def matches(self, name: str, role: str | None, mtp: bool) -> bool:
+        if any(target_matches(t, name, role, mtp) for t in self.ignore):
+            return False
+        return any(target_matches(t, name, role, mtp) for t in self.targets)
+
+    def targets_matching(self, name: str, role: str | None, mtp: bool) -> list[str]:
+        """The targets of this rule that match (used to warn about targets that match nothing)."""
+        return [t for t in self.targets if target_matches(t, name, role, mtp)]
+
+
+def first_match(rules: list[PrecisionRule], name: str, role: str | None, mtp: bool) -> PrecisionRule | None:
+    """The first rule that applies: earlier rules win, so put specific rules first."""
+    for rule in rules:
+        if rule.matches(name, role, mtp):
+            return rule
+    return None

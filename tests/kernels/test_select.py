@@ -1,0 +1,86 @@
+"""Backend selection on fake archs: every hard rule is an error with its reason."""
+import pytest
+
+from nvfp4stack.arch import resolve
+from nvfp4stack.kernels.base import LINEAR_BACKENDS, MOE_BACKENDS
+from nvfp4stack.kernels.priority import LINEAR_PRIORITY, MOE_PRIORITY
+from nvfp4stack.kernels.select import BackendError, select_backend, verdict
+from nvfp4stack.schemes import Scheme
+
+
+def test_every_priority_entry_is_registered():
+    select_backend("moe", "auto", resolve("cpu"), Scheme.NVFP4)  # loads the backends
+    for table, reg in ((MOE_PRIORITY, MOE_BACKENDS), (LINEAR_PRIORITY, LINEAR_BACKENDS)):
+        for arch, names in table.items():
+            for n in names:
+                assert n in reg, f"{arch}: {n} is in the priority list but not registered"
+
+
+@pytest.mark.parametrize("arch,expected", [
+    ("sm100a", "flashinfer_trtllm"), ("sm103a", "flashinfer_trtllm"), ("sm120", "flashinfer_cutlass"),
+    ("sm90", "triton_w4a16"), ("sm80", "marlin"), ("cpu", "torch_emulation"),
+])
+def test_auto_walks_the_priority_list(arch, expected):
+    assert select_backend("moe", "auto", resolve(arch), Scheme.NVFP4).backend == expected
+
+
+def test_mxf4nvf4_needs_arch_specific_blackwell_not_sm100f():
+    with pytest.raises(BackendError, match="needs sm100a or sm103a .*not sm_100f.*arch is sm100f"):
+        select_backend("moe", "flashinfer_trtllm", resolve("sm100f"), Scheme.NVFP4)
+    with pytest.raises(BackendError, match="cutedsl.*sm100a or sm103a"):
+        select_backend("moe", "cutedsl", resolve("sm100f"), Scheme.NVFP4)
+
+
+def test_hopper_gets_weight_only_nvfp4():
+    sel = select_backend("moe", "auto", resolve("sm90"), Scheme.NVFP4)
+    assert sel.served_scheme is Scheme.NVFP4_W4A16
+    ok, why = verdict(MOE_BACKENDS.get("flashinfer_trtllm"), resolve("sm90"), Scheme.NVFP4)
+    assert not ok and "sm100a" in why
+    for w4a4 in ("flashinfer_trtllm", "cutedsl", "flashinfer_cutlass", "cutlass"):
+        with pytest.raises(BackendError, match="cannot run nvfp4 on sm90.*Fix: set backend.moe=auto"):
+            select_backend("moe", w4a4, resolve("sm90"), Scheme.NVFP4)
+    with pytest.raises(BackendError, match="cutlass NVFP4 GEMM needs sm100a/sm103a/sm120 FP4 tensor cores"):
+        select_backend("linear", "cutlass", resolve("sm90"), Scheme.NVFP4)
+
+
+def test_any_w4a4_kernel_is_refused_without_fp4_tensor_cores():
+    """The safety net behind the per-backend arch lists: a hypothetical portable W4A4 kernel."""
+    from nvfp4stack.kernels.base import VllmBackend
+
+    class PortableW4A4(VllmBackend):
+        name, kind, schemes, activation_fp4 = "portable_w4a4", "moe", (Scheme.NVFP4,), True
+
+    ok, why = verdict(PortableW4A4, resolve("sm90"), Scheme.NVFP4)
+    assert not ok and "no FP4 tensor cores: sm_90 and older get weight-only NVFP4 only" in why
+    assert verdict(PortableW4A4, resolve("sm100a"), Scheme.NVFP4)[0]
+
+
+def test_nvfp4_experts_are_never_served_as_mxfp4():
+    with pytest.raises(BackendError, match="never silently served as MXFP4"):
+        select_backend("moe", "deep_gemm", resolve("sm100a"), Scheme.NVFP4)
+
+
+def test_explicit_choice_is_validated_and_alias_resolved():
+    sel = select_backend("moe", "cutedsl", resolve("sm100a"), Scheme.NVFP4)
+    assert sel.backend == "flashinfer_cutedsl" and sel.served_scheme is Scheme.NVFP4
+    with pytest.raises(BackendError, match="'nope' is not a moe backend; valid: auto, cutlass"):
+        select_backend("moe", "nope", resolve("sm100a"), Scheme.NVFP4)
+    with pytest.raises(BackendError, match="torch_emulation|triton_w4a16"):
+        select_backend("moe", "triton_w4a16", resolve("cpu"), Scheme.NVFP4)
+
+
+def test_no_backend_lists_every_reason():
+    with pytest.raises(BackendError, match="found no moe backend for mxfp4 on cpu: torch_emulation: "):
+        select_backend("moe", "auto", resolve("cpu"), Scheme.MXFP4)
+
+
+def test_vllm_flag_values_exist_in_vllm():
+    """Every vLLM-provided MoE backend maps onto a value vLLM's --moe-backend accepts."""
+    typing = pytest.importorskip("typing")
+    kernel = pytest.importorskip("vllm.config.kernel")
+    valid = set(typing.get_args(kernel.MoEBackend))
+    select_backend("moe", "auto", resolve("cpu"), Scheme.NVFP4)
+    for name in MOE_BACKENDS.names():
+        cls = MOE_BACKENDS.get(name)
+        if cls.provider == "vllm":
+            assert cls.vllm_moe_backend in valid, f"{name}: {cls.vllm_moe_backend} not in vLLM's MoEBackend"

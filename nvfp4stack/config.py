@@ -143,6 +143,7 @@ class BackendConfig:
 
     moe: str = "auto"
     linear: str = "auto"
+    mtp_moe: str = "auto"   # the MTP draft's routed experts (vLLM speculative_config.moe_backend)
 
 
 @dataclass

@@ -193,10 +193,13 @@ def build_plan(groups: Iterable[tuple[TensorGroup, Scheme]], *, model: str, fami
                 kernel = "unquantized"
             else:
                 kind = "moe" if group.role == "routed_experts" else "linear"
-                key = (kind, target)
+                # The MTP draft has its own MoE backend in vLLM (speculative_config.moe_backend):
+                # an untouched MXFP4 MTP block next to NVFP4 experts needs a second kernel.
+                cfg_key = "mtp_moe" if kind == "moe" and group.mtp else kind
+                key = (cfg_key, target)
                 if key not in selections:
-                    choice = backend.moe if kind == "moe" else backend.linear
-                    selections[key] = select_backend(kind, choice, arch, target, key=f"backend.{kind}")
+                    choice = getattr(backend, cfg_key)
+                    selections[key] = select_backend(kind, choice, arch, target, key=f"backend.{cfg_key}")
                 served, kernel = selections[key].served_scheme, selections[key].backend
         nbytes = group_bytes(group, target, fp8_ue8m0)
         out.append(GroupPlan(group.name, group.role, group.mtp, source, target, served, converter, kernel,

@@ -23,7 +23,7 @@ LINEAR_PRIORITY: dict[str, list[str]] = {
     "sm90": ["deep_gemm", "cutlass", "triton", "marlin"],
     "sm89": ["triton", "marlin"],
     "sm80": ["marlin"],
-    "cpu": ["vllm_emulation"],
+    "cpu": ["vllm_emulation", "torch_emulation"],
 }
 
 

@@ -84,3 +84,21 @@ def test_vllm_flag_values_exist_in_vllm():
         cls = MOE_BACKENDS.get(name)
         if cls.provider == "vllm":
             assert cls.vllm_moe_backend in valid, f"{name}: {cls.vllm_moe_backend} not in vLLM's MoEBackend"
+
+
+def test_torch_emulation_linear_matches_dequantized_gemm():
+    import torch
+
+    from nvfp4stack.formats.fp8_block import quantize_fp8_block
+    from nvfp4stack.kernels.linear.torch_emulation import emulated_linear
+
+    seed = int(torch.randint(0, 2**31 - 1, ()).item())
+    print("seed", seed)
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(256, 384, generator=g) * torch.rand(256, 1, generator=g) * 3
+    x = torch.randn(5, 384, generator=g).to(torch.bfloat16)
+    qw = quantize_fp8_block(w, ue8m0=True, name="w")
+    y = emulated_linear(x, qw)
+    ref = (x.float() @ qw.dequantize(torch.float32).t()).to(torch.bfloat16)
+    assert y.dtype == torch.bfloat16 and torch.equal(y, ref)
+    assert select_backend("linear", "auto", resolve("cpu"), Scheme.FP8_BLOCK).backend == "torch_emulation"

@@ -1,0 +1,142 @@
+"""torch_emulation twin vs references from the defining libraries (CPU, small shapes).
+
+W4A16: transformers' DeepseekV4Experts (the model's own expert MLP, clamped SwiGLU) run on the
+dequantized weights. W4A4: a per-slot loop whose activation fake quant is modelopt's
+NVFP4QTensor quantize/dequantize.
+"""
+import os
+
+import pytest
+import torch
+
+from nvfp4stack.arch import KNOWN_ARCHS
+from nvfp4stack.formats.nvfp4 import dequantize_nvfp4, quantize_nvfp4
+from nvfp4stack.kernels.base import MOE_BACKENDS
+from nvfp4stack.kernels.moe.torch_emulation import nvfp4_moe_forward
+from nvfp4stack.schemes import Scheme
+
+LIMIT = 10.0
+
+
+def _gen() -> torch.Generator:
+    seed = int.from_bytes(os.urandom(4), "little")
+    print(f"seed={seed}")
+    return torch.Generator().manual_seed(seed)
+
+
+def _problem(g, experts=8, hidden=64, inter=32, tokens=23, top_k=3):
+    # Heavy-tailed weights and large activations so the clamp (|.| > 10) is actually hit.
+    w13 = torch.randn(experts, 2 * inter, hidden, generator=g) * torch.rand(experts, 2 * inter, 1, generator=g) * 2
+    w2 = torch.randn(experts, hidden, inter, generator=g) * 0.5
+    x = torch.randn(tokens, hidden, generator=g) * 2
+    # ragged routing: expert 0 gets most tokens, the last two none
+    probs = torch.rand(experts, generator=g) + 0.05
+    probs[0] = 20.0
+    probs[-2:] = 0
+    ids = torch.stack([torch.multinomial(probs, top_k, generator=g) for _ in range(tokens)])
+    wts = torch.softmax(torch.randn(tokens, top_k, generator=g), -1)
+    return x, quantize_nvfp4(w13, name="w13"), quantize_nvfp4(w2, name="w2"), wts, ids
+
+
+def _rel(a, b) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def _hf_experts(w13q, w2q, limit):
+    from transformers.models.deepseek_v4.configuration_deepseek_v4 import DeepseekV4Config
+    from transformers.models.deepseek_v4.modeling_deepseek_v4 import DeepseekV4Experts
+
+    e, two_i, h = w13q.shape
+    cfg = DeepseekV4Config(hidden_size=h, moe_intermediate_size=two_i // 2, n_routed_experts=e,
+                           swiglu_limit=limit)
+    m = DeepseekV4Experts(cfg)
+    with torch.no_grad():
+        m.gate_up_proj.copy_(w13q.dequantize(torch.float32))
+        m.down_proj.copy_(w2q.dequantize(torch.float32))
+    return m
+
+
+def test_w4a16_matches_transformers_dsv4_experts():
+    pytest.importorskip("transformers.models.deepseek_v4")
+    g = _gen()
+    x, w13q, w2q, wts, ids = _problem(g)
+    ref_mod = _hf_experts(w13q, w2q, LIMIT)
+    gate = torch.einsum("th,eih->tei", x, w13q.dequantize(torch.float32)[:, : w13q.shape[1] // 2])
+    assert bool((gate > LIMIT).any()), "test data must drive the gate clamp"
+    with torch.no_grad():
+        ref = ref_mod(x, ids.long(), wts)
+    out = nvfp4_moe_forward(x, w13q, w2q, wts, ids, swiglu_limit=LIMIT)
+    err = _rel(out, ref)
+    print(f"w4a16 rel err vs transformers DeepseekV4Experts: {err:.2e}")
+    assert out.dtype == x.dtype and out.shape == x.shape
+    assert err < 1e-5
+    # the clamp matters on this data: without it the result differs
+    assert _rel(nvfp4_moe_forward(x, w13q, w2q, wts, ids, swiglu_limit=None), ref) > 1e-3
+
+
+def test_bf16_input_returns_bf16():
+    g = _gen()
+    x, w13q, w2q, wts, ids = _problem(g, tokens=9)
+    out = nvfp4_moe_forward(x.bfloat16(), w13q, w2q, wts, ids, swiglu_limit=LIMIT)
+    ref = nvfp4_moe_forward(x.bfloat16().float(), w13q, w2q, wts, ids, swiglu_limit=LIMIT)
+    assert out.dtype == torch.bfloat16
+    assert _rel(out, ref) < 1e-2
+
+
+def _modelopt_fake_quant(x: torch.Tensor, input_scale: torch.Tensor) -> torch.Tensor:
+    from modelopt.torch.quantization.qtensor.nvfp4_tensor import NVFP4QTensor
+
+    q, s, s2 = NVFP4QTensor.quantize(x, 16, weights_scaling_factor_2=input_scale)
+    return q.dequantize(dtype=torch.float32, scale=s, double_scale=s2, block_sizes={-1: 16})
+
+
+def test_w4a4_matches_modelopt_fake_quant_per_slot():
+    pytest.importorskip("modelopt.torch.quantization.qtensor.nvfp4_tensor")
+    g = _gen()
+    x, w13q, w2q, wts, ids = _problem(g, tokens=11)
+    e = w13q.shape[0]
+    # static input scales = calibrated amax / 2688, a bit below the true amax so saturation occurs
+    a13 = (x.abs().max() * 0.8 / 2688.0) * (0.5 + torch.rand(e, generator=g))
+    a2 = torch.full((e,), 30.0 / 2688.0) * (0.5 + torch.rand(e, generator=g))
+    out = nvfp4_moe_forward(x, w13q, w2q, wts, ids, swiglu_limit=LIMIT, a13_scale=a13, a2_scale=a2)
+
+    w13 = w13q.dequantize(torch.float32)
+    w2 = w2q.dequantize(torch.float32)
+    ref = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            ex = int(ids[t, j])
+            xq = _modelopt_fake_quant(x[t : t + 1], a13[ex])
+            gu = xq @ w13[ex].T
+            gate, up = gu.chunk(2, -1)
+            hmid = torch.nn.functional.silu(gate.clamp(max=LIMIT)) * up.clamp(-LIMIT, LIMIT)
+            hq = _modelopt_fake_quant(hmid, a2[ex])
+            ref[t] += wts[t, j] * (hq @ w2[ex].T)[0]
+    err = _rel(out, ref)
+    w4a16 = nvfp4_moe_forward(x, w13q, w2q, wts, ids, swiglu_limit=LIMIT)
+    print(f"w4a4 rel err vs modelopt per-slot: {err:.2e}; w4a4 vs w4a16 {_rel(out, w4a16):.2e}")
+    assert err < 1e-5
+    assert _rel(out, w4a16) > 1e-3  # activation quantization really happened
+
+
+def test_shape_and_id_errors_name_the_argument():
+    g = _gen()
+    x, w13q, w2q, wts, ids = _problem(g, tokens=4)
+    with pytest.raises(ValueError, match="topk_ids"):
+        nvfp4_moe_forward(x, w13q, w2q, wts, ids + 100)
+    with pytest.raises(ValueError, match="x: expected"):
+        nvfp4_moe_forward(x[:, :16], w13q, w2q, wts, ids)
+    with pytest.raises(ValueError, match="w2"):
+        nvfp4_moe_forward(x, w13q, w13q, wts, ids)
+    with pytest.raises(ValueError, match="activation"):
+        nvfp4_moe_forward(x, w13q, w2q, wts, ids, activation="gelu")
+
+
+def test_backend_registration():
+    be = MOE_BACKENDS.get("torch_emulation")
+    assert be.kind == "moe" and be.provider == "nvfp4stack"
+    for arch in KNOWN_ARCHS.values():
+        ok, reason = be.is_supported(arch)
+        assert ok and "any device" in reason
+    assert be.can_implement(Scheme.NVFP4)[0] and be.can_implement(Scheme.NVFP4_W4A16)[0]
+    assert not be.can_implement(Scheme.MXFP4)[0]

@@ -1,16 +1,26 @@
 """Where a model's config.json and weights are: a shipped descriptor, a local factory, or a path."""
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 
 DESCRIPTORS = Path(__file__).resolve().parent / "descriptors"
 
-# factory name -> "module:function(cache_dir) -> checkpoint dir" (built once, then cached)
-FACTORIES = {
-    "tiny_dsv4": "nvfp4stack.models.tiny_dsv4:build_tiny_dsv4",
-    "tiny_v3": "nvfp4stack.models.tiny_v3:build_tiny_v3",
-}
+
+def _tiny_dsv4(cache: Path, source_format: str) -> Path:
+    from nvfp4stack.models.tiny_dsv4 import build_tiny_dsv4, layout_dir
+
+    root = build_tiny_dsv4(cache / "models")
+    return layout_dir(root, "release" if source_format == "official" else "bf16")
+
+
+def _tiny_v3(cache: Path, source_format: str) -> Path:
+    from nvfp4stack.models.tiny_v3 import ensure_tiny_v3
+
+    return ensure_tiny_v3(cache / "tiny_v3")
+
+
+# factory name -> builder(cache root, source_format) -> checkpoint dir (built once, then cached)
+FACTORIES = {"tiny_dsv4": _tiny_dsv4, "tiny_v3": _tiny_v3}
 
 
 def cache_root(cache_dir: str) -> Path:
@@ -28,8 +38,7 @@ def model_dir(model, cache_dir: str) -> Path | None:
     if model.factory:
         if model.factory not in FACTORIES:
             raise ValueError(f"model.factory={model.factory!r} is unknown; valid: {', '.join(FACTORIES)}")
-        mod, fn = FACTORIES[model.factory].split(":")
-        return Path(getattr(importlib.import_module(mod), fn)(cache_root(cache_dir) / "models"))
+        return FACTORIES[model.factory](cache_root(cache_dir), model.source_format)
     return None
 
 

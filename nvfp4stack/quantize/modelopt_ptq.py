@@ -1,0 +1,118 @@
+"""Generic modelopt NVFP4 post-training quantization: calibrate, snapshot amax to CPU, export.
+
+The amax snapshot is the lesson of the original quantize repo: after long calibrations device
+tensors went stale before export, so the calibrated amax values are copied to CPU and saved
+(``amax.pt``) right after calibration; ``export_from_snapshot=True`` re-exports from them alone.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+from nvfp4stack.models.corpus import calibration_texts
+
+# The modelopt config names this module accepts (attributes of modelopt.torch.quantization).
+MODELOPT_CONFIGS = ("NVFP4_DEFAULT_CFG", "NVFP4_EXPERTS_ONLY_CFG", "NVFP4_MLP_ONLY_CFG")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+                   "special_tokens_map.json", "generation_config.json")
+
+
+def _quant_cfg(name: str):
+    import modelopt.torch.quantization as mtq
+
+    if name not in MODELOPT_CONFIGS or not hasattr(mtq, name):
+        raise ValueError(
+            f"quantize.modelopt_config: expected one of {', '.join(MODELOPT_CONFIGS)}, found {name!r}; "
+            "pick one of those"
+        )
+    return getattr(mtq, name)
+
+
+def snapshot_amax(model) -> dict:
+    """Every quantizer's calibrated amax, copied to CPU: {quantizer module name: tensor}."""
+    out = {}
+    for name, mod in model.named_modules():
+        amax = getattr(mod, "_amax", None)
+        if amax is not None and hasattr(mod, "is_enabled"):
+            out[name] = amax.detach().to("cpu", copy=True)
+    return out
+
+
+def restore_amax(model, snapshot: dict) -> None:
+    """Put a snapshot back into the model's quantizers (on their current device)."""
+    mods = dict(model.named_modules())
+    missing = [n for n in snapshot if n not in mods]
+    if missing:
+        raise KeyError(
+            f"amax snapshot names quantizers the model lacks, e.g. {missing[:3]}; "
+            "the snapshot was taken on another model or config"
+        )
+    for name, amax in snapshot.items():
+        dev = mods[name]._amax.device if getattr(mods[name], "_amax", None) is not None else "cpu"
+        mods[name].amax = amax.to(dev)
+
+
+def calibrate(model, tokenizer, quant_cfg_name: str, num_samples: int = 32, max_len: int = 256,
+              seed: int = 0, forward_loop: Callable | None = None):
+    """Insert modelopt quantizers and calibrate them on the stdlib corpus (or ``forward_loop``)."""
+    import modelopt.torch.quantization as mtq
+    import torch
+    from tqdm import tqdm
+
+    texts = calibration_texts(num_samples, seed=seed)
+
+    def default_loop(m):
+        dev = next(m.parameters()).device
+        for text in tqdm(texts, desc="calibrate", leave=False):
+            ids = tokenizer(text, return_tensors="pt", truncation=True, max_length=max_len)
+            with torch.no_grad():
+                m(input_ids=ids["input_ids"].to(dev))
+
+    return mtq.quantize(model, _quant_cfg(quant_cfg_name), forward_loop or default_loop)
+
+
+def quantize_and_export(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
+                        quant_cfg_name: str = "NVFP4_EXPERTS_ONLY_CFG", num_samples: int = 32,
+                        max_len: int = 256, seed: int = 0, keep_config_keys: tuple[str, ...] = ("topk_method", "scoring_func"),
+                        ) -> Path:
+    """Quantize the HF model in ``model_dir`` with modelopt and export a unified HF checkpoint.
+
+    ``keep_config_keys``: config.json keys transformers' config class drops on save; they are
+    copied back from the source config.json so vLLM reads the same model (CONTEXT 5b).
+    The export is written to a temporary sibling dir and renamed into ``out_dir``.
+    """
+    import torch
+    from modelopt.torch.export import export_hf_checkpoint
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    src = Path(model_dir)
+    out = Path(out_dir)
+    tokenizer = AutoTokenizer.from_pretrained(src)
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16).eval()
+    calibrate(model, tokenizer, quant_cfg_name, num_samples=num_samples, max_len=max_len, seed=seed)
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        torch.save(snapshot_amax(model), tmp / "amax.pt")
+        with torch.inference_mode():
+            export_hf_checkpoint(model, export_dir=tmp)
+        src_cfg = json.loads((src / "config.json").read_text())
+        cfg_path = tmp / "config.json"
+        cfg = json.loads(cfg_path.read_text())
+        cfg.update({k: src_cfg[k] for k in keep_config_keys if k in src_cfg})
+        cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True))
+        for name in TOKENIZER_FILES:
+            if (src / name).exists() and not (tmp / name).exists():
+                shutil.copy2(src / name, tmp / name)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    return out

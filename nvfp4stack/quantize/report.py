@@ -1,0 +1,109 @@
+"""Quantize run report: per-role relative weight error vs the BF16 source, and bytes before/after."""
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from nvfp4stack.checkpoint.safetensors_io import ShardedReader
+from nvfp4stack.formats.fp8_block import dequantize_fp8_block
+from nvfp4stack.formats.mxfp4 import as_ue8m0_bytes, dequantize_mxfp4
+from nvfp4stack.formats.nvfp4 import dequantize_nvfp4
+from nvfp4stack.io_atomic import atomic_write_text
+from nvfp4stack.plan.roles import role_of
+
+
+def stored_format(reader: ShardedReader, weight_name: str) -> str:
+    """'nvfp4', 'fp8_block', 'mxfp4' or the plain dtype of one stored ``.weight``."""
+    base = weight_name[: -len(".weight")]
+    info = reader.infos[weight_name]
+    if base + ".weight_scale" in reader and base + ".weight_scale_2" in reader:
+        return "nvfp4"
+    if base + ".scale" in reader:
+        return "fp8_block" if info.dtype == "F8_E4M3" else "mxfp4"
+    return info.dtype.lower()
+
+
+def dequantize_group(reader: ShardedReader, weight_name: str) -> torch.Tensor:
+    """The float32 value of one stored ``.weight``, whatever its format."""
+    base = weight_name[: -len(".weight")]
+    fmt = stored_format(reader, weight_name)
+    w = reader.get(weight_name)
+    if fmt == "nvfp4":
+        return dequantize_nvfp4(w.view(torch.uint8), reader.get(base + ".weight_scale"),
+                                reader.get(base + ".weight_scale_2"), torch.float32)
+    if fmt == "fp8_block":
+        return dequantize_fp8_block(w, reader.get(base + ".scale"), torch.float32)
+    if fmt == "mxfp4":
+        return dequantize_mxfp4(w.view(torch.uint8), as_ue8m0_bytes(reader.get(base + ".scale"), base + ".scale"),
+                                torch.float32)
+    return w.float()
+
+
+def _group_key(name: str) -> str:
+    role = role_of(name) or "other"
+    return f"mtp.{role}" if name.startswith("mtp.") and not role.startswith("mtp.") else role
+
+
+def weight_errors(out: ShardedReader, reference: ShardedReader) -> dict[str, dict]:
+    """Per role group: aggregate relative Frobenius error, worst tensor, formats seen."""
+    acc: dict[str, dict] = defaultdict(lambda: {"err2": 0.0, "ref2": 0.0, "max_rel": 0.0, "worst": None,
+                                                "tensors": 0, "formats": set()})
+    for name in out.names():
+        if not name.endswith(".weight") or name not in reference:
+            continue
+        ref = reference.get(name).float()
+        got = dequantize_group(out, name)
+        if got.shape != ref.shape:
+            raise ValueError(f"{name}: output decodes to {tuple(got.shape)}, the BF16 source has "
+                             f"{tuple(ref.shape)}; the output is not the same model")
+        e2, r2 = float((got - ref).pow(2).sum()), float(ref.pow(2).sum())
+        a = acc[_group_key(name)]
+        a["err2"] += e2
+        a["ref2"] += r2
+        a["tensors"] += 1
+        a["formats"].add(stored_format(out, name))
+        rel = math.sqrt(e2 / r2) if r2 else 0.0
+        if rel >= a["max_rel"]:
+            a["max_rel"], a["worst"] = rel, name
+    return {k: {"rel_error": math.sqrt(v["err2"] / v["ref2"]) if v["ref2"] else 0.0,
+                "max_tensor_rel_error": v["max_rel"], "worst_tensor": v["worst"],
+                "tensors": v["tensors"], "formats": sorted(v["formats"])}
+            for k, v in sorted(acc.items())}
+
+
+def bytes_by_group(reader: ShardedReader) -> dict[str, int]:
+    out: dict[str, int] = defaultdict(int)
+    for name, info in reader.infos.items():
+        out[_group_key(name)] += info.nbytes
+    return dict(sorted(out.items()))
+
+
+def write_report(run_dir: str | Path, *, method: str, out_dir: str | Path, before_dir: str | Path,
+                 reference_dir: str | Path | None, extra: dict | None = None) -> dict:
+    """Build the report, write quantize_report.json and .md into ``run_dir``; return it."""
+    out, before = ShardedReader(out_dir), ShardedReader(before_dir)
+    report = {
+        "method": method, "output": str(out_dir), "before": str(before_dir),
+        "reference_bf16": str(reference_dir) if reference_dir else None,
+        "bytes_before": before.total_bytes, "bytes_after": out.total_bytes,
+        "bytes_bf16_source": ShardedReader(reference_dir).total_bytes if reference_dir else None,
+        "bytes_by_group_before": bytes_by_group(before), "bytes_by_group_after": bytes_by_group(out),
+        "weight_error_vs_bf16": weight_errors(out, ShardedReader(reference_dir)) if reference_dir else {},
+        "before_error_vs_bf16": weight_errors(before, ShardedReader(reference_dir)) if reference_dir else {},
+        **(extra or {}),
+    }
+    run_dir = Path(run_dir)
+    atomic_write_text(run_dir / "quantize_report.json", json.dumps(report, indent=2, sort_keys=True) + "\n")
+    lines = [f"# quantize report ({method})", "", f"output: {out_dir}",
+             f"bytes: {report['bytes_before']:,} -> {report['bytes_after']:,}", "",
+             "| group | formats | rel error vs BF16 | before | worst tensor |", "|---|---|---|---|---|"]
+    for g, v in report["weight_error_vs_bf16"].items():
+        b = report["before_error_vs_bf16"].get(g, {}).get("rel_error")
+        lines.append(f"| {g} | {','.join(v['formats'])} | {v['rel_error']:.4f} | "
+                     f"{'' if b is None else f'{b:.4f}'} | {v['worst_tensor']} |")
+    atomic_write_text(run_dir / "quantize_report.md", "\n".join(lines) + "\n")
+    return report

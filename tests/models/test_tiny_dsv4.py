@@ -1,0 +1,137 @@
+"""Tiny DeepSeek-V4 factory: structure, dtypes, realistic statistics, release layout, caching."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from nvfp4stack.checkpoint.safetensors_io import ShardedReader
+from nvfp4stack.models.dsv4_spec import dsv4_tensor_groups
+from nvfp4stack.models.tiny_dsv4 import (RELEASE_FP8_ROLES, build_tiny_dsv4, layout_dir)
+from nvfp4stack.plan.roles import role_of
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    # One build per test session: every test module points at the same cache dir.
+    return build_tiny_dsv4(tmp_path_factory.getbasetemp() / "tiny_dsv4_cache", seed=0)
+
+
+@pytest.fixture(scope="module")
+def cfg(root):
+    return json.loads((layout_dir(root, "bf16") / "config.json").read_text())
+
+
+def test_config_keeps_what_vllm_asserts_and_covers_every_layer_kind(cfg):
+    assert cfg["head_dim"] == 512 and cfg["qk_rope_head_dim"] == 64 and cfg["index_head_dim"] == 128
+    assert cfg["o_lora_rank"] % 128 == 0
+    assert set(cfg["compress_ratios"]) == {0, 4, 128}
+    assert cfg["num_hash_layers"] >= 1 and cfg["num_hash_layers"] < cfg["num_hidden_layers"]
+    assert "mlp_layer_types" not in cfg  # vLLM rejects transformers' values; see tiny_dsv4_config
+    assert cfg["topk_method"] == "noaux_tc" and cfg["num_nextn_predict_layers"] == 1
+    assert (cfg["n_routed_experts"], cfg["num_experts_per_tok"]) == (16, 6)
+    assert cfg["hc_mult"] == 4 and cfg["num_hidden_layers"] >= 4
+
+
+def test_vocab_comes_from_the_local_tokenizer(root, cfg):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(layout_dir(root, "bf16"))
+    assert len(tok) <= cfg["vocab_size"] < len(tok) + 64
+    assert (cfg["bos_token_id"], cfg["eos_token_id"]) == (tok.bos_token_id, tok.eos_token_id)
+
+
+def test_transformers_reads_the_layer_schedule(root):
+    from transformers import AutoConfig
+
+    c = AutoConfig.from_pretrained(layout_dir(root, "bf16"))
+    assert c.mlp_layer_types == ["hash_moe", "moe", "moe", "moe"]
+    assert c.layer_types == ["sliding_attention", "compressed_sparse_attention",
+                             "heavily_compressed_attention", "compressed_sparse_attention"]
+    assert c.qk_rope_head_dim == 64
+
+
+def test_bf16_layout_matches_dsv4_spec_names_and_dtypes(root, cfg):
+    r = ShardedReader(layout_dir(root, "bf16"))
+    want = {}
+    for tg in dsv4_tensor_groups(cfg):
+        name = tg.name + (".weight" if tg.is_matrix or tg.role == "norms" else "")
+        want[name] = {"bf16": "BF16", "f32": "F32", "i64": "I64"}[tg.dtype]
+        assert r.infos[name].shape == tg.shape, name
+    assert set(r.infos) == set(want)
+    assert {n: r.infos[n].dtype for n in want} == want
+    assert any(n.startswith("mtp.0.ffn.experts.") for n in want)
+
+
+def test_tid2eid_reaches_every_expert(root, cfg):
+    r = ShardedReader(layout_dir(root, "bf16"))
+    t = r.get("layers.0.ffn.gate.tid2eid")
+    assert t.shape == (cfg["vocab_size"], 6)
+    assert set(t.flatten().tolist()) == set(range(16))
+    assert all(len(set(row)) == 6 for row in t[:64].tolist())  # distinct experts per token
+
+
+def test_weights_are_heavy_tailed_with_outlier_channels(root):
+    r = ShardedReader(layout_dir(root, "bf16"))
+    w = r.get("layers.1.ffn.experts.3.w1.weight").float()
+    z = (w - w.mean()) / w.std()
+    kurtosis = float(z.pow(4).mean())
+    col = w.norm(dim=0)
+    ratio = float(col.max() / col.median())
+    print(f"expert weight kurtosis {kurtosis:.2f}, max/median column norm {ratio:.2f}")
+    assert kurtosis > 4.0  # Gaussian is 3
+    assert ratio > 3.0
+    q = r.get("layers.1.attn.wq_a.weight").float()
+    assert float(q.std()) > 0.1  # init scale large enough that attention is not uniform
+
+
+def test_release_layout_formats(root):
+    from nvfp4stack.formats.fp8_block import dequantize_fp8_block
+    from nvfp4stack.formats.mxfp4 import dequantize_mxfp4
+
+    a, b = ShardedReader(layout_dir(root, "bf16")), ShardedReader(layout_dir(root, "release"))
+    for name, info in a.infos.items():
+        role = role_of(name)
+        if role in RELEASE_FP8_ROLES and name.endswith(".weight"):
+            base = name[:-7]
+            assert b.infos[name].dtype == "F8_E4M3" and b.infos[base + ".scale"].dtype == "F8_E8M0", name
+            n, k = info.shape
+            assert b.infos[base + ".scale"].shape == ((n + 127) // 128, (k + 127) // 128)
+        elif role == "routed_experts":
+            base = name[:-7]
+            n, k = info.shape
+            assert (b.infos[name].dtype, b.infos[name].shape) == ("I8", (n, k // 2)), name
+            assert (b.infos[base + ".scale"].dtype, b.infos[base + ".scale"].shape) == ("F8_E8M0", (n, k // 32))
+        else:
+            assert b.infos[name].dtype == info.dtype and b.infos[name].shape == info.shape, name
+    ref = a.get("layers.1.attn.wq_b.weight").float()
+    deq = dequantize_fp8_block(b.get("layers.1.attn.wq_b.weight"), b.get("layers.1.attn.wq_b.scale"), torch.float32)
+    fp8_rel = float((deq - ref).norm() / ref.norm())
+    ref = a.get("layers.2.ffn.experts.5.w2.weight").float()
+    deq = dequantize_mxfp4(b.get("layers.2.ffn.experts.5.w2.weight").view(torch.uint8),
+                           b.get("layers.2.ffn.experts.5.w2.scale").view(torch.uint8), torch.float32)
+    mx_rel = float((deq - ref).norm() / ref.norm())
+    print(f"release FP8 block rel error {fp8_rel:.4f}, MXFP4 rel error {mx_rel:.4f}")
+    assert fp8_rel < 0.05 and 0.0 < mx_rel < 0.2
+    rcfg = json.loads((layout_dir(root, "release") / "config.json").read_text())
+    assert rcfg["expert_dtype"] == "fp4"
+    assert rcfg["quantization_config"]["quant_method"] == "fp8"
+    assert rcfg["quantization_config"]["scale_fmt"] == "ue8m0"
+
+
+def test_build_is_cached_and_idempotent(root, tmp_path_factory):
+    stamp = (layout_dir(root, "bf16") / "model.safetensors").stat().st_mtime_ns
+    again = build_tiny_dsv4(tmp_path_factory.getbasetemp() / "tiny_dsv4_cache", seed=0)
+    assert again == root
+    assert (layout_dir(root, "bf16") / "model.safetensors").stat().st_mtime_ns == stamp
+    assert not [p for p in root.parent.iterdir() if p.name.startswith(".")]  # no temp dir left
+
+
+def test_hf_layout_is_what_transformers_saves(root):
+    names = set(ShardedReader(layout_dir(root, "hf")).infos)
+    # transformers' reverse conversion: native names under model., and the main kv_norm saved as attn.norm
+    assert "model.layers.0.attn.norm.weight" in names and "model.embed_tokens.weight" in names
+    assert not any(n.startswith("mtp.") for n in names)
+    hcfg = json.loads((layout_dir(root, "hf") / "config.json").read_text())
+    assert "compress_ratios" not in hcfg and "num_hash_layers" not in hcfg  # dropped on save

@@ -1,0 +1,105 @@
+"""EngineConfig: the vLLM engine and OpenAI server settings of a recipe (config group ``engine``)."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_ds_mla")
+SPEC_METHODS = ("mtp",)
+TOKENIZER_MODES = ("auto", "hf", "slow", "mistral", "deepseek_v4", "custom")
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+
+
+def _bad(key: str, expected: str, found: Any, fix: str) -> ValueError:
+    return ValueError(f"engine.{key}: expected {expected}, found {found!r}; {fix}")
+
+
+@dataclass
+class SpeculativeConfig:
+    """Speculative decoding. ``method: null`` turns it off; ``mtp`` uses the model's MTP layers."""
+
+    method: Optional[str] = None
+    num_speculative_tokens: int = 0
+
+
+@dataclass
+class EngineConfig:
+    """vLLM engine args + server settings. None means: leave vLLM's own default."""
+
+    tp: int = 1                       # --tensor-parallel-size
+    ep: bool = False                  # --enable-expert-parallel
+    dp: int = 1                       # --data-parallel-size
+    dtype: str = "auto"               # --dtype (float32 for exact CPU numerics checks)
+    kv_cache_dtype: str = "auto"
+    block_size: Optional[int] = None
+    max_model_len: Optional[int] = None
+    max_num_seqs: Optional[int] = None
+    gpu_memory_utilization: Optional[float] = None
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+    tokenizer_mode: str = "auto"
+    tool_call_parser: Optional[str] = None
+    reasoning_parser: Optional[str] = None
+    enable_auto_tool_choice: bool = False
+    enforce_eager: bool = False
+    # --attention-backend, e.g. CPU_MLA: vLLM prefers AMX_MLA on AMX CPUs, which takes bf16 only.
+    attention_backend: Optional[str] = None
+    # vLLM --compilation-config as a JSON object string, e.g. '{"custom_ops":["all","-rotary_embedding"]}'
+    # (the CPU rotary workaround of CONTEXT 5b when enforce_eager is on). A string, not a dict:
+    # Hydra cannot override keys into an empty dict field of a structured config.
+    compilation_config: Optional[str] = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    extra_args: list[str] = field(default_factory=list)  # appended verbatim to the server CLI
+    env: dict[str, str] = field(default_factory=dict)    # extra env vars for the server process
+    dry_run: bool = False             # print the exact command line and exit
+    ready_timeout_s: float = 600.0    # health-check budget for engine start
+
+    def __post_init__(self) -> None:
+        for key in ("tp", "dp"):
+            v = getattr(self, key)
+            if not isinstance(v, int) or v < 1:
+                raise _bad(key, "an integer >= 1", v, f"set engine.{key}=1 or more")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise _bad("kv_cache_dtype", f"one of {', '.join(KV_CACHE_DTYPES)}", self.kv_cache_dtype,
+                       "pick one of those")
+        if self.dtype not in DTYPES:
+            raise _bad("dtype", f"one of {', '.join(DTYPES)}", self.dtype, "pick one of those")
+        if self.tokenizer_mode not in TOKENIZER_MODES:
+            raise _bad("tokenizer_mode", f"one of {', '.join(TOKENIZER_MODES)}", self.tokenizer_mode,
+                       "pick one of those")
+        for key in ("block_size", "max_model_len", "max_num_seqs"):
+            v = getattr(self, key)
+            if v is not None and (not isinstance(v, int) or v < 1):
+                raise _bad(key, "null or an integer >= 1", v, f"fix engine.{key}")
+        if self.block_size is not None and self.block_size & (self.block_size - 1):
+            raise _bad("block_size", "a power of two (16, 64, 256, ...)", self.block_size,
+                       "vLLM's KV cache pages are power-of-two sized")
+        g = self.gpu_memory_utilization
+        if g is not None and not 0.0 < g <= 1.0:
+            raise _bad("gpu_memory_utilization", "null or a fraction in (0, 1]", g, "e.g. 0.9")
+        spec = self.speculative
+        if spec.method is not None:
+            if spec.method not in SPEC_METHODS:
+                raise _bad("speculative.method", f"null or one of {', '.join(SPEC_METHODS)}",
+                           spec.method, "use mtp (the model's own draft layers) or null")
+            if spec.num_speculative_tokens < 1:
+                raise _bad("speculative.num_speculative_tokens", ">= 1 when speculative.method is set",
+                           spec.num_speculative_tokens, "set it to 1 or 2, or speculative.method=null")
+        if self.enable_auto_tool_choice and not self.tool_call_parser:
+            raise _bad("tool_call_parser", "a parser name when enable_auto_tool_choice is true",
+                       self.tool_call_parser, "set engine.tool_call_parser (e.g. deepseek_v4)")
+        if not 0 < self.port < 65536:
+            raise _bad("port", "a TCP port in 1..65535", self.port, "e.g. engine.port=8000")
+        if self.ready_timeout_s <= 0:
+            raise _bad("ready_timeout_s", "> 0 seconds", self.ready_timeout_s, "e.g. 600")
+        if self.compilation_config is not None:
+            try:
+                ok = isinstance(json.loads(self.compilation_config), dict)
+            except json.JSONDecodeError:
+                ok = False
+            if not ok:
+                raise _bad("compilation_config", "a JSON object string", self.compilation_config,
+                           """e.g. engine.compilation_config='{"custom_ops":["all","-rotary_embedding"]}'""")
+        if not all(isinstance(a, str) for a in self.extra_args):
+            raise _bad("extra_args", "a list of strings", self.extra_args, "quote each argument")

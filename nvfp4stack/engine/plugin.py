@@ -1,0 +1,55 @@
+"""The ``vllm.general_plugins`` entry point: vLLM calls ``register()`` once in every process.
+
+Everything nvfp4stack adds to vLLM is registered here (API server, engine core, each worker), so
+nothing depends on a monkey-patch reaching another process. Module import is free of vLLM and
+torch: vLLM-less installs (planning, converting) can import it safely.
+"""
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger("nvfp4stack.engine")
+_registered = False
+
+
+def register() -> bool:
+    """Register the ``nvfp4stack`` quantization config and the CPU NVFP4 linear kernel.
+
+    Idempotent (vLLM may call plugins more than once per process). Returns True when vLLM is
+    present and everything was registered, False when vLLM is not installed.
+    """
+    global _registered
+    if _registered:
+        return True
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        return False
+
+    from vllm.model_executor.layers.quantization import register_quantization_config
+
+    from nvfp4stack.engine.plan_section import QUANT_METHOD
+    from nvfp4stack.engine.quant_config import Nvfp4StackConfig
+
+    register_quantization_config(QUANT_METHOD)(Nvfp4StackConfig)
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():  # GPUs have vLLM's own NVFP4 linear kernels
+        _register_cpu_nvfp4_linear()
+    _registered = True
+    log.info("nvfp4stack: registered vLLM quantization config %r", QUANT_METHOD)
+    return True
+
+
+def _register_cpu_nvfp4_linear() -> None:
+    """Let vLLM's own NVFP4 emulation linear kernel run on CPU (vLLM lists none for CPU).
+
+    This is vLLM's kernel chosen through vLLM's kernel registry, not a re-implementation; it is
+    what ``backend.linear=vllm_emulation`` means on a CPU host.
+    """
+    from vllm.model_executor.kernels.linear import _POSSIBLE_NVFP4_KERNELS, register_linear_kernel
+    from vllm.model_executor.kernels.linear.nvfp4.emulation import EmulationNvFp4LinearKernel
+    from vllm.platforms import PlatformEnum
+
+    if EmulationNvFp4LinearKernel not in _POSSIBLE_NVFP4_KERNELS.get(PlatformEnum.CPU, []):
+        register_linear_kernel(EmulationNvFp4LinearKernel, PlatformEnum.CPU, "nvfp4")

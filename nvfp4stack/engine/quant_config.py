@@ -1,0 +1,137 @@
+"""vLLM quantization config ``nvfp4stack``: the checkpoint's own vLLM config, steered by the plan.
+
+It wraps the vLLM config the checkpoint would get anyway (modelopt NVFP4, modelopt
+MIXED_PRECISION, fp8, ...) and asks it for every module's method, except where the plan puts a
+module on a kernel nvfp4stack implements: those get our FusedMoE / linear method. Modules on
+vLLM's own backends keep vLLM's methods, selected by vLLM's flags (--moe-backend, ...).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from vllm.model_executor.layers.quantization import get_quantization_config
+from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
+
+from nvfp4stack.engine.plan_section import QUANT_METHOD, SECTION_KEY, EnginePlan
+from nvfp4stack.schemes import Scheme
+
+# Built-in vLLM methods our wrapper may sit on, most specific first (vLLM's own override order).
+BASE_METHODS = ("modelopt_fp4", "modelopt_mixed", "modelopt_mxfp8", "modelopt", "deepseek_v4_fp8", "fp8")
+
+
+def base_method_for(hf_quant_cfg: dict, hf_config: Any = None) -> str:
+    """The built-in vLLM method that claims this checkpoint config (what vLLM would pick without us)."""
+    for name in BASE_METHODS:
+        cls = get_quantization_config(name)
+        if cls.override_quantization_method(hf_quant_cfg, None, hf_config=hf_config) == name:
+            return name
+    qm = hf_quant_cfg.get("quant_method")
+    if qm is None:
+        raise ValueError(f"quantization_config: no quant_method and no vLLM method claims it "
+                         f"(keys {sorted(hf_quant_cfg)}); the checkpoint is not a quantized export")
+    return qm
+
+
+class Nvfp4StackConfig(QuantizationConfig):
+    """Registered as ``nvfp4stack`` by the plugin; claims configs carrying the plan section."""
+
+    def __init__(self, plan: EnginePlan, base: QuantizationConfig, base_name: str):
+        super().__init__()
+        self.plan = plan
+        self.base = base
+        self.base_name = base_name
+
+    # -- identity -------------------------------------------------------------------------------
+    def get_name(self) -> str:
+        return QUANT_METHOD
+
+    def get_supported_act_dtypes(self) -> list[torch.dtype]:
+        # fp32 too: the CPU numerics check serves in fp32 to compare with the torch reference.
+        return [torch.bfloat16, torch.half, torch.float32]
+
+    @classmethod
+    def get_min_capability(cls) -> int:
+        return 0  # torch_emulation runs anywhere; vLLM-backed modules keep their own checks
+
+    @staticmethod
+    def get_config_filenames() -> list[str]:
+        return ["hf_quant_config.json"]
+
+    @classmethod
+    def override_quantization_method(cls, hf_quant_cfg, user_quant, hf_config=None):
+        if isinstance(hf_quant_cfg, dict) and SECTION_KEY in hf_quant_cfg:
+            return QUANT_METHOD
+        return None
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> "Nvfp4StackConfig":
+        if SECTION_KEY not in config:
+            raise ValueError(
+                f"quantization_config: --quantization {QUANT_METHOD} needs a {SECTION_KEY!r} section "
+                f"(the plan); found keys {sorted(config)}. Start the server with `main.py serve`, which "
+                "passes it through --hf-overrides"
+            )
+        plan = EnginePlan.from_dict(config[SECTION_KEY])
+        base_cfg = {k: v for k, v in config.items() if k != SECTION_KEY}
+        base_name = base_method_for(base_cfg)
+        base = get_quantization_config(base_name).from_config(base_cfg)
+        return cls(plan, base, base_name)
+
+    # -- the base config sees everything the model tells the quant config -----------------------
+    @property
+    def packed_modules_mapping(self):
+        return self.base.packed_modules_mapping if hasattr(self, "base") else self._pmm
+
+    @packed_modules_mapping.setter
+    def packed_modules_mapping(self, value):
+        if hasattr(self, "base"):
+            self.base.packed_modules_mapping = value
+        else:
+            self._pmm = value  # set by QuantizationConfig.__init__ before base exists
+
+    def apply_vllm_mapper(self, hf_to_vllm_mapper):
+        self.base.apply_vllm_mapper(hf_to_vllm_mapper)
+
+    def maybe_update_config(self, model_name, hf_config=None, revision=None):
+        self.base.maybe_update_config(model_name, hf_config=hf_config, revision=revision)
+
+    def get_cache_scale_mapper(self):
+        return self.base.get_cache_scale_mapper()
+
+    # -- per module -----------------------------------------------------------------------------
+    def get_quant_method(self, layer: torch.nn.Module, prefix: str):
+        # Imported here, not at module level: the plugin runs in the API server process too,
+        # which never builds layers and need not import vLLM's MoE stack.
+        from vllm.model_executor.layers.fused_moe import RoutedExperts
+        from vllm.model_executor.layers.linear import LinearBase
+
+        if isinstance(layer, RoutedExperts):
+            kernel = self.plan.own_kernel(prefix, "moe")
+            if kernel is not None:
+                from nvfp4stack.engine.moe_method import Nvfp4StackModelOptMoE
+
+                self._check_nvfp4_module(prefix)
+                scheme = Scheme(self.plan.entry_for(prefix)["scheme"])
+                return Nvfp4StackModelOptMoE(self.base, layer.moe_config, kernel=kernel,
+                                             scheme=scheme, prefix=prefix)
+        elif isinstance(layer, LinearBase):
+            kernel = self.plan.own_kernel(prefix, "linear")
+            if kernel is not None:
+                # No nvfp4stack linear backend exists yet: NVFP4 linears run on vLLM's own kernels
+                # (on CPU: vLLM's emulation kernel, which the plugin registers for the CPU platform).
+                raise NotImplementedError(
+                    f"{prefix}: the plan puts this linear on nvfp4stack kernel {kernel!r}, which has no "
+                    "vLLM linear method yet; set backend.linear=vllm_emulation (or another vLLM backend)"
+                )
+        return self.base.get_quant_method(layer, prefix)
+
+    def _check_nvfp4_module(self, prefix: str) -> None:
+        """The plan says NVFP4 here: the checkpoint must agree, else loading would fail obscurely."""
+        excluded = getattr(self.base, "is_layer_excluded", None)
+        if excluded is not None and excluded(prefix):
+            raise ValueError(
+                f"{prefix}: the plan runs it as NVFP4 on an nvfp4stack kernel, but the checkpoint's "
+                f"quantization_config ({self.base_name}) excludes it (stored unquantized). Fix the "
+                "precision rules or re-quantize so both agree"
+            )

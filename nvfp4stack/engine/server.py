@@ -1,0 +1,136 @@
+"""Run vLLM's OpenAI server as a child process: launch, health-check, clean shutdown of the whole tree.
+
+The child gets its own session (process group), so stopping it reaches the API server, the
+engine core and every worker it forked, and nothing else.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+
+class ServerError(RuntimeError):
+    """The server exited or never became ready; the message carries the log tail."""
+
+
+def log_tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def launch(argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start ``argv`` in a new session with stdout+stderr appended to ``log_path``."""
+    log_path = Path(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    full_env = {**os.environ, **(env or {})}
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=full_env, start_new_session=True)
+
+
+def _get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, b""
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        return 0, b""
+
+
+def wait_ready(proc: subprocess.Popen, base_url: str, timeout_s: float, log_path: Path) -> list[str]:
+    """Poll /health then /v1/models until the model is listed; returns the served model ids.
+
+    Raises ServerError (with the log tail) when the process exits or ``timeout_s`` passes.
+    """
+    deadline = time.monotonic() + timeout_s
+    root = base_url.rstrip("/").removesuffix("/v1")
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise ServerError(f"vLLM server exited with code {proc.returncode} before it was ready. "
+                              f"Log {log_path}, last lines:\n{log_tail(log_path)}")
+        status, _ = _get(f"{root}/health")
+        if status == 200:
+            status, body = _get(f"{root}/v1/models")
+            if status == 200:
+                return [m["id"] for m in json.loads(body)["data"]]
+        time.sleep(1.0)
+    raise ServerError(f"vLLM server not ready after {timeout_s:.0f} s (engine.ready_timeout_s); raise it "
+                      f"or check the log {log_path}, last lines:\n{log_tail(log_path)}")
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (psutil, which vLLM already depends on)."""
+    import psutil
+
+    try:
+        return [c.pid for c in psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def shutdown(proc: subprocess.Popen, grace_s: float = 30.0) -> list[int]:
+    """SIGTERM the server's process group, then SIGKILL what is left after ``grace_s``.
+
+    Returns the pids still alive afterwards (empty when the tree is gone).
+    """
+    import psutil
+
+    tree = [proc.pid, *descendants(proc.pid)]
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)  # the group we created with start_new_session
+        except ProcessLookupError:
+            pass
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+
+    def alive() -> list[psutil.Process]:
+        out = []
+        for pid in tree:
+            try:
+                p = psutil.Process(pid)
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    out.append(p)
+            except psutil.NoSuchProcess:
+                pass
+        return out
+
+    left = alive()
+    if left:
+        _, left = psutil.wait_procs(left, timeout=max(1.0, grace_s / 3))
+    for p in left:  # only pids of the tree we launched
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    if proc.poll() is None:
+        proc.wait(timeout=10)
+    return [p.pid for p in alive()]
+
+
+def ready_message(base_url: str, model_id: str) -> str:
+    """Ready-to-paste curl and Python examples for the running server."""
+    body = json.dumps({"model": model_id, "messages": [{"role": "user", "content": "Hello!"}],
+                       "max_tokens": 32})
+    return (
+        f"\nvLLM OpenAI server ready at {base_url} (model {model_id!r}). Try:\n\n"
+        f"curl {base_url}/chat/completions -H 'Content-Type: application/json' \\\n  -d '{body}'\n\n"
+        "python - <<'EOF'\n"
+        "from openai import OpenAI\n"
+        f"client = OpenAI(base_url={base_url!r}, api_key='EMPTY')\n"
+        f"r = client.chat.completions.create(model={model_id!r}, max_tokens=32,\n"
+        "    messages=[{'role': 'user', 'content': 'Hello!'}])\n"
+        "print(r.choices[0].message.content)\n"
+        "EOF\n\nCtrl-C stops the server and all its processes.\n"
+    )

@@ -1,0 +1,152 @@
+"""``serve``: vLLM's OpenAI server for the recipe, as a health-checked child process.
+
+The embedded default (recipe tiny_cpu) builds the tiny DeepseekV3 model on first use, quantizes
+its routed experts to NVFP4 with modelopt, and serves it through the plugin's torch_emulation
+MoE path. ``engine.dry_run=true`` prints the exact command line and exits.
+"""
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from nvfp4stack.engine.args import format_cli, server_argv
+from nvfp4stack.engine.plan_section import SECTION_KEY, EnginePlan, engine_plan_from_config
+from nvfp4stack.plan.preflight import host_mismatch
+
+FACTORIES = ("tiny_v3",)
+# vLLM on CPU reserves this much KV cache by default (4 GiB); the tiny model needs far less and
+# the CI machines are shared.
+CPU_DEFAULT_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+def tiny_v3_checkpoint(cfg, *, build: bool = True) -> Path:
+    """Cached modelopt-NVFP4 export of the tiny DeepseekV3 (built + quantized when absent)."""
+    from nvfp4stack.models.tiny_v3 import TinyV3Spec
+
+    cache = Path(cfg.cache_dir).expanduser() / "tiny_v3"
+    out = cache / "nvfp4"
+    if not build:
+        return out
+    from nvfp4stack.models.tiny_v3 import ensure_tiny_v3
+    from nvfp4stack.quantize.modelopt_ptq import quantize_and_export
+
+    spec = TinyV3Spec()
+    bf16 = ensure_tiny_v3(cache, spec)
+    stamp = out / "nvfp4stack_source.json"
+    want = json.dumps({"spec": (bf16 / "nvfp4stack_spec.json").read_text(),
+                       "calib_samples": cfg.quantize.calib_samples,
+                       "calib_seq_len": cfg.quantize.calib_seq_len, "seed": cfg.quantize.seed},
+                      sort_keys=True)
+    if not (stamp.exists() and stamp.read_text() == want):
+        print(f"[serve] quantizing routed experts of {bf16} to NVFP4 with modelopt -> {out}", flush=True)
+        quantize_and_export(bf16, out, "NVFP4_EXPERTS_ONLY_CFG", num_samples=cfg.quantize.calib_samples,
+                            max_len=cfg.quantize.calib_seq_len, seed=cfg.quantize.seed)
+        stamp.write_text(want)
+    return out
+
+
+def resolve_checkpoint(cfg, *, build: bool = True) -> Path:
+    """The directory vLLM loads: model.path, or the factory's cached build."""
+    if cfg.model.path:
+        return Path(cfg.model.path).expanduser()
+    if cfg.model.factory == "tiny_v3":
+        return tiny_v3_checkpoint(cfg, build=build)
+    if not build:
+        # dry run of a weight-free recipe (e.g. dsv4_b200 on a laptop): show where the path goes
+        return Path(f"/path/to/{cfg.model.name}-checkpoint")
+    raise FileNotFoundError(
+        f"serve: model {cfg.model.name!r} has no checkpoint: model.path is unset and model.factory="
+        f"{cfg.model.factory!r} is not one serve can build ({', '.join(FACTORIES)}); set model.path=<dir> "
+        "(e.g. the output of `quantize`)"
+    )
+
+
+def build_argv(cfg, plan: EnginePlan, ckpt: Path) -> list[str]:
+    served = cfg.model.served_name or cfg.model.name
+    if plan.needs_plugin() and not (ckpt / "config.json").exists():
+        if not cfg.engine.dry_run:
+            raise FileNotFoundError(f"serve: {ckpt}/config.json is missing; model.path must be a HF checkpoint")
+        # Dry run without the checkpoint: show the plan section; the checkpoint's own
+        # quantization_config is merged into it at launch.
+        argv = server_argv(cfg.engine, model=str(ckpt), served_name=served, plan=EnginePlan({}))
+        return argv + ["--quantization", "nvfp4stack", "--hf-overrides",
+                       json.dumps({"quantization_config": {SECTION_KEY: plan.to_dict(),
+                                                           "...": f"<quantization_config of {ckpt}>"}})]
+    return server_argv(cfg.engine, model=str(ckpt), served_name=served, plan=plan)
+
+
+def run(cfg) -> int:
+    from nvfp4stack.engine import server
+
+    engine = cfg.engine
+    mismatch = None if engine.dry_run else host_mismatch(cfg.recipe, cfg.arch.name)
+    if mismatch:
+        print(f"nvfp4stack serve: {mismatch}", file=sys.stderr)
+        return 2
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    plan = engine_plan_from_config(cfg)
+    ckpt = resolve_checkpoint(cfg, build=not engine.dry_run)
+    argv = build_argv(cfg, plan, ckpt)
+    cli = format_cli(argv)
+    (run_dir / "serve_command.sh").write_text(cli + "\n")
+    if engine.dry_run:
+        print(cli)
+        return 0
+
+    env = dict(CPU_DEFAULT_ENV) if cfg.arch.name == "cpu" else {}
+    env.update(engine.env)
+    log_path = run_dir / "vllm_server.log"
+    base_url = f"http://{engine.host}:{engine.port}/v1"
+    print(f"[serve] {cli}\n[serve] log: {log_path}", flush=True)
+    t0 = time.monotonic()
+    proc = server.launch(argv, log_path, env)
+
+    stop = threading.Event()
+    old = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        models = _wait_ready_or_stop(server, proc, base_url, engine.ready_timeout_s, log_path, stop)
+        if models is None:
+            return 130
+        print(f"[serve] engine ready in {time.monotonic() - t0:.1f} s", flush=True)
+        print(server.ready_message(base_url, models[0]), flush=True)
+        while not stop.is_set():
+            if proc.poll() is not None:
+                print(f"[serve] server exited with code {proc.returncode}; log tail:\n"
+                      f"{server.log_tail(log_path)}", file=sys.stderr)
+                return proc.returncode or 1
+            stop.wait(1.0)
+        return 0
+    except server.ServerError as e:
+        print(f"[serve] {e}", file=sys.stderr)
+        return 1
+    finally:
+        left = server.shutdown(proc)
+        for s, h in old.items():
+            signal.signal(s, h)
+        print("[serve] stopped" + (f"; processes still alive: {left}" if left else ""), flush=True)
+
+
+def _wait_ready_or_stop(server, proc, base_url, timeout_s, log_path, stop):
+    """wait_ready, but a Ctrl-C during engine start returns None instead of waiting it out."""
+    result: dict = {}
+
+    def target():
+        try:
+            result["models"] = server.wait_ready(proc, base_url, timeout_s, log_path)
+        except server.ServerError as e:
+            result["error"] = e
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    while t.is_alive():
+        if stop.is_set():
+            return None
+        t.join(0.5)
+    if "error" in result:
+        raise result["error"]
+    return result["models"]

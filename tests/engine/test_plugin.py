@@ -1,0 +1,173 @@
+"""Plugin registration, the nvfp4stack quant config's claims and per-module choices, the MoE method."""
+import json
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from nvfp4stack.engine.plan_section import (
+    QUANT_METHOD,
+    SECTION_KEY,
+    EnginePlan,
+    engine_plan_from_plan,
+    quantization_config_with_plan,
+)
+
+MODELOPT_NVFP4 = {"quant_method": "modelopt", "quant_algo": "NVFP4", "ignore": ["lm_head", "model.layers.0*"],
+                  "config_groups": {"g": {"input_activations": {"num_bits": 4}, "weights": {"num_bits": 4}}}}
+PLAN = EnginePlan({"routed_experts": {"scheme": "nvfp4", "kernel": "torch_emulation"}})
+
+
+def test_plugin_module_imports_nothing_heavy():
+    code = ("import sys, nvfp4stack.engine.plugin as p; "
+            "print(sorted(m for m in ('vllm', 'torch', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_entry_point_is_installed():
+    from importlib.metadata import entry_points
+
+    eps = {e.name: e.value for e in entry_points(group="vllm.general_plugins")}
+    assert eps.get("nvfp4stack") == "nvfp4stack.engine.plugin:register"
+
+
+@pytest.fixture(scope="module")
+def registered():
+    pytest.importorskip("vllm")
+    from nvfp4stack.engine.plugin import register
+
+    assert register() is True
+    assert register() is True  # idempotent
+    from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS, get_quantization_config
+
+    assert QUANTIZATION_METHODS.count(QUANT_METHOD) == 1
+    return get_quantization_config(QUANT_METHOD)
+
+
+def test_cpu_nvfp4_linear_kernel_registered_once(registered):
+    from vllm.model_executor.kernels.linear import _POSSIBLE_NVFP4_KERNELS
+    from vllm.model_executor.kernels.linear.nvfp4.emulation import EmulationNvFp4LinearKernel
+    from vllm.platforms import PlatformEnum
+
+    assert _POSSIBLE_NVFP4_KERNELS[PlatformEnum.CPU].count(EmulationNvFp4LinearKernel) == 1
+    from vllm.model_executor.kernels.linear import init_nvfp4_linear_kernel
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():  # vLLM's own selection now finds a kernel for NVFP4 linears on CPU
+        assert type(init_nvfp4_linear_kernel(use_a16=False)) is EmulationNvFp4LinearKernel
+
+
+def test_claims_only_configs_with_the_plan(registered):
+    with_plan = {**MODELOPT_NVFP4, SECTION_KEY: PLAN.to_dict()}
+    assert registered.override_quantization_method(with_plan, None) == QUANT_METHOD
+    assert registered.override_quantization_method(MODELOPT_NVFP4, None) is None
+    assert registered.override_quantization_method(MODELOPT_NVFP4, QUANT_METHOD) is None
+
+
+def test_wraps_the_config_vllm_would_pick(registered):
+    cfg = registered.from_config({**MODELOPT_NVFP4, SECTION_KEY: PLAN.to_dict()})
+    assert cfg.base_name == "modelopt_fp4" and cfg.base.exclude_modules[0] == "lm_head"
+    assert torch.float32 in cfg.get_supported_act_dtypes()
+    with pytest.raises(ValueError, match="needs a 'nvfp4stack' section"):
+        registered.from_config(MODELOPT_NVFP4)
+    with pytest.raises(ValueError, match="nvfp4stack.version: expected 1"):
+        registered.from_config({**MODELOPT_NVFP4, SECTION_KEY: {"version": 0, "roles": {}}})
+
+
+def test_claims_modelopt_mixed_precision_checkpoints(registered):
+    """modelopt's DeepSeek-V4 export (MIXED_PRECISION, NVFP4 routed experts) keeps vLLM's mixed config."""
+    mixed = {"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION", "kv_cache_quant_algo": None,
+             "exclude_modules": [], "quantized_layers": {"layers.0.ffn.experts.0.w1": {"quant_algo": "NVFP4",
+                                                                                        "group_size": 16}}}
+    assert registered.override_quantization_method({**mixed, SECTION_KEY: PLAN.to_dict()}, None) == QUANT_METHOD
+    cfg = registered.from_config({**mixed, SECTION_KEY: PLAN.to_dict()})
+    assert cfg.base_name == "modelopt_mixed" and type(cfg.base).__name__ == "ModelOptMixedPrecisionConfig"
+
+
+def test_quantization_config_with_plan_reads_checkpoint(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"quantization_config": MODELOPT_NVFP4}))
+    q = quantization_config_with_plan(tmp_path, PLAN)
+    assert q[SECTION_KEY] == PLAN.to_dict() and q["quant_algo"] == "NVFP4"
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["X"]}))
+    with pytest.raises(ValueError, match="no quantization_config"):
+        quantization_config_with_plan(tmp_path, PLAN)
+
+
+def test_plan_roles_and_kernels():
+    assert PLAN.own_kernel("model.layers.1.mlp.experts", "moe") == "torch_emulation"
+    assert PLAN.own_kernel("model.layers.1.self_attn.o_proj", "linear") is None
+    vllm_plan = EnginePlan({"routed_experts": {"scheme": "nvfp4", "kernel": "flashinfer_trtllm"}})
+    assert vllm_plan.own_kernel("model.layers.1.mlp.experts", "moe") is None and not vllm_plan.needs_plugin()
+    with pytest.raises(ValueError, match="unknown scheme"):
+        EnginePlan({"routed_experts": {"scheme": "fp5", "kernel": "x"}})
+
+
+def test_engine_plan_from_planner_plan_rejects_split_roles():
+    from types import SimpleNamespace as NS
+
+    from nvfp4stack.schemes import Scheme
+
+    g = lambda name, kernel: NS(name=name, role="routed_experts", mtp=False, served=Scheme.NVFP4, kernel=kernel)
+    plan = engine_plan_from_plan(NS(groups=[g("layers.0.ffn.experts", "torch_emulation"),
+                                            g("layers.1.ffn.experts", "torch_emulation")]))
+    assert plan.roles == {"routed_experts": {"scheme": "nvfp4", "kernel": "torch_emulation"}}
+    with pytest.raises(ValueError, match="role 'routed_experts' has two decisions"):
+        engine_plan_from_plan(NS(groups=[g("layers.0.ffn.experts", "torch_emulation"),
+                                         g("layers.1.ffn.experts", "marlin")]))
+
+
+class FakeExpertsLayer(torch.nn.Module):
+    """The parameters vLLM's ModelOptNvFp4FusedMoE.create_weights registers, filled by the loader."""
+
+    def __init__(self, w13, w2, a13, a2):
+        super().__init__()
+        P = lambda t: torch.nn.Parameter(t, requires_grad=False)
+        self.w13_weight, self.w13_weight_scale = P(w13.data), P(w13.scale)
+        self.w13_weight_scale_2 = P(w13.global_scale[:, None].repeat(1, 2))
+        self.w2_weight, self.w2_weight_scale, self.w2_weight_scale_2 = P(w2.data), P(w2.scale), P(w2.global_scale)
+        self.w13_input_scale, self.w2_input_scale = P(a13[:, None].repeat(1, 2)), P(a2)
+        self.apply_router_weight_on_input = False
+        self.expert_map = None
+        from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+
+        self.activation = MoEActivation.SILU
+
+
+def test_moe_method_runs_planned_backend_on_packed_weights(registered):
+    from nvfp4stack.engine.moe_method import Nvfp4StackModelOptMoE
+    from nvfp4stack.formats.nvfp4 import quantize_nvfp4
+    from nvfp4stack.kernels.moe.torch_emulation import nvfp4_moe_forward
+    from nvfp4stack.schemes import Scheme
+
+    seed = random.randrange(2**31)
+    print(f"seed={seed}")
+    g = torch.Generator().manual_seed(seed)
+    E, H, I, T, K = 4, 64, 32, 9, 2
+    w13 = quantize_nvfp4(torch.randn(E, 2 * I, H, generator=g))
+    w2 = quantize_nvfp4(torch.randn(E, H, I, generator=g))
+    a13, a2 = torch.rand(E, generator=g) * 0.01 + 1e-3, torch.rand(E, generator=g) * 0.01 + 1e-3
+    layer = FakeExpertsLayer(w13, w2, a13, a2)
+    x = torch.randn(T, H, generator=g)
+    ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)])
+    wts = torch.rand(T, K, generator=g)
+    for scheme, scales in ((Scheme.NVFP4, (a13, a2)), (Scheme.NVFP4_W4A16, (None, None))):
+        m = Nvfp4StackModelOptMoE.__new__(Nvfp4StackModelOptMoE)
+        Nvfp4StackModelOptMoE.__init__(m, None, _moe_config(), kernel="torch_emulation", scheme=scheme,
+                                       prefix="model.layers.1.mlp.experts")
+        m.process_weights_after_loading(layer)
+        assert m.w13.data.data_ptr() == layer.w13_weight.data_ptr(), "weights must stay packed, not copied"
+        got = m.apply(layer, x, wts, ids, None, None)
+        want = nvfp4_moe_forward(x, w13, w2, wts, ids, a13_scale=scales[0], a2_scale=scales[1])
+        assert torch.equal(got, want) and got.abs().sum() > 0
+    layer.w13_weight_scale_2.data[2, 1] *= 2
+    with pytest.raises(ValueError, match=r"experts.w13_weight_scale_2: expert 2 has w1"):
+        m.process_weights_after_loading(layer)
+
+
+def _moe_config():
+    from types import SimpleNamespace as NS
+
+    return NS(is_act_and_mul=True)  # FusedMoEMethodBase only stores it

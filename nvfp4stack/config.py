@@ -8,28 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from nvfp4stack.bench.config import BenchConfig
+from nvfp4stack.convert.config import ConvertConfig
+from nvfp4stack.engine.config import EngineConfig
 from nvfp4stack.eval.config import EvalConfig
 from nvfp4stack.plan.rules import PrecisionRule
-try:  # TEMP-INTEGRATION
-    from nvfp4stack.convert.config import ConvertConfig
-except ImportError:
-    @dataclass
-    class ConvertConfig:
-        overwrite: bool = False
-try:  # TEMP-INTEGRATION
-    from nvfp4stack.engine.config import EngineConfig
-except ImportError:
-    @dataclass
-    class EngineConfig:
-        tp: int = 1
-        dp: int = 1
-        ep: bool = False
-try:  # TEMP-INTEGRATION
-    from nvfp4stack.quantize.config import QuantizeConfig
-except ImportError:
-    @dataclass
-    class QuantizeConfig:
-        method: str = "modelopt"
+from nvfp4stack.quantize.config import QuantizeConfig
 from nvfp4stack.schemes import Scheme
 
 COMMANDS = ("plan", "quantize", "convert", "serve", "eval", "bench", "doctor")

@@ -14,6 +14,7 @@ class EvalConfig:
     seed: int = 0
     tasks_file: str | None = None     # JSONL of {prompt, answer} for serve_task
     endpoint: str = "http://127.0.0.1:8000/v1"
+    rel_tol: float = 1e-6             # serve_task: numeric answers match within this relative tolerance
 
     def __post_init__(self) -> None:
         if self.level not in EVAL_LEVELS:

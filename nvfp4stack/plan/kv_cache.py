@@ -23,7 +23,6 @@ within a few percent.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from nvfp4stack.models.dsv4_spec import compress_ratios

@@ -69,6 +69,7 @@ class Plan:
     selections: dict[str, dict] = field(default_factory=dict)   # "moe:nvfp4" -> selection
     backend_checks: dict[str, dict] = field(default_factory=dict)  # requested backend validity
     warnings: list[str] = field(default_factory=list)
+    kv_cache: dict | None = None   # nvfp4stack.plan.kv_cache report, when the model has one
 
     @property
     def rows(self) -> list[PlanRow]:
@@ -110,7 +111,7 @@ class Plan:
             "total_params": self.total_params, "total_bytes": self.total_bytes,
             "bytes_by_role": dict(by_role), "gpu_bytes": self.gpu_bytes,
             "selections": self.selections, "backend_checks": self.backend_checks,
-            "warnings": self.warnings,
+            "warnings": self.warnings, "kv_cache": self.kv_cache,
             "rows": [asdict(r) for r in self.rows],
         }
 

@@ -1,0 +1,30 @@
+"""End to end: next-token KL, top-1 agreement and perplexity of the emulated model vs BF16."""
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+from tqdm import tqdm
+
+from nvfp4stack.eval.metrics import next_token_stats
+from nvfp4stack.eval.precision import EvalPrecision
+from nvfp4stack.models.reference import apply_emulated_precision
+
+
+@torch.no_grad()
+def end_to_end(ref_model, prec: EvalPrecision, batches: list[torch.Tensor], input_amax: dict[str, float]) -> dict:
+    """Both models on the same prompts; NVFP4 (W4A4) inputs use static scales from ``input_amax``."""
+    q_model = copy.deepcopy(ref_model)
+    apply_emulated_precision(q_model, prec.scheme_for, act_fake_quant=True, input_amax=input_amax)
+    acc: dict[str, float] = {}
+    for ids in tqdm(batches, desc="e2e", leave=False):
+        ref = ref_model(input_ids=ids, use_cache=False).logits[0, :-1]      # [T-1, V]
+        q = q_model(input_ids=ids, use_cache=False).logits[0, :-1]
+        s = next_token_stats(ref, q, ids[0, 1:])
+        for k, v in s.items():
+            acc[k] = max(acc.get(k, v), v) if k == "kl_max" else acc.get(k, 0) + v
+    n = acc["positions"]
+    return {"positions": int(n), "prompts": len(batches),
+            "kl_mean": acc["kl_sum"] / n, "kl_max": acc["kl_max"], "top1_agreement": acc["top1_sum"] / n,
+            "ppl_ref": math.exp(acc["nll_ref_sum"] / n), "ppl_quant": math.exp(acc["nll_q_sum"] / n)}

@@ -1,0 +1,165 @@
+"""Layer test: each module's output under its planned precision vs BF16, on captured real inputs.
+
+Linears and routers: the module itself with its weight swapped for the emulated one (NVFP4 W4A4
+also fake-quantizes the input with a static scale calibrated on the same inputs). Routed experts:
+the MoE kernel backend's own forward (torch_emulation on CPU, triton_w4a16 on a GPU when
+``backend.moe`` says so) on NVFP4 weights quantized like modelopt's DSV4 export (w1/w3 share a
+global scale), against transformers' ``DeepseekV4Experts.forward``; per MoE layer and per expert.
+"""
+from __future__ import annotations
+
+import copy
+from collections import defaultdict
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from nvfp4stack.checkpoint.layouts import native_expert_name
+from nvfp4stack.eval.capture import Captures, experts_modules, expert_act_amax, weight_modules
+from nvfp4stack.eval.metrics import compare
+from nvfp4stack.eval.precision import EvalPrecision
+from nvfp4stack.formats.nvfp4 import GLOBAL_DIVISOR, quantize_nvfp4
+from nvfp4stack.models.reference import fake_quant_act, emulate_weight
+from nvfp4stack.schemes import Scheme
+
+_W = ("w1", "w2", "w3")
+
+
+def _run_weight_module(mod, weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """The module's own forward with ``weight`` in place (routers: their logits F.linear)."""
+    if not isinstance(mod, torch.nn.Linear):
+        return F.linear(x.reshape(-1, weight.shape[1]), weight)
+    orig = mod.weight.data
+    mod.weight.data = weight
+    try:
+        return mod(x)
+    finally:
+        mod.weight.data = orig
+
+
+@torch.no_grad()
+def linear_metrics(model, caps: Captures, prec: EvalPrecision) -> dict[str, dict]:
+    """group -> {role, scheme, cosine, sqnr_db, max_rel_err} for every linear / router with inputs."""
+    out = {}
+    mods = [m for m in weight_modules(model) if caps.linear.get(m[0])]
+    for group, _, mod in tqdm(mods, desc="layertest linears", leave=False):
+        xs = caps.linear[group]
+        scheme = prec.scheme_for(group)
+        wq = emulate_weight(mod.weight.detach(), scheme, group)
+        amax = max(float(x.abs().amax()) for x in xs)
+        refs, outs = [], []
+        for x in xs:
+            refs.append(_run_weight_module(mod, mod.weight.data, x).flatten())
+            xq = fake_quant_act(x, amax, group + ".input") if scheme is Scheme.NVFP4 else x
+            outs.append(_run_weight_module(mod, wq, xq).flatten())
+        out[group] = {"role": prec.roles.get(group, "unknown"), "scheme": scheme.value,
+                      **compare(torch.cat(refs), torch.cat(outs), group)}
+    return out
+
+
+def _moe_kernel(moe_backend: str):
+    """(name, forward) of the MoE kernel to run NVFP4 experts with on this host."""
+    if moe_backend == "triton_w4a16" and torch.cuda.is_available():
+        from nvfp4stack.kernels.moe.triton_w4a16 import nvfp4_moe_forward_triton
+
+        return "triton_w4a16", nvfp4_moe_forward_triton
+    from nvfp4stack.kernels.moe.torch_emulation import nvfp4_moe_forward
+
+    return "torch_emulation", nvfp4_moe_forward
+
+
+def _nvfp4_experts_fn(mod, scheme: Scheme, hidden, idx, moe_backend: str):
+    """forward(x, ids, weights) of one experts module through the NVFP4 MoE kernel."""
+    w13_f = mod.gate_up_proj.detach().float()                          # [E, 2I, H]
+    w1, w3 = w13_f.chunk(2, dim=1)
+    gs13 = torch.maximum(w1.abs().flatten(1).amax(1), w3.abs().flatten(1).amax(1)) / GLOBAL_DIVISOR  # [E]
+    gs13 = torch.where(gs13 == 0, torch.ones_like(gs13), gs13)
+    w13 = quantize_nvfp4(w13_f, gs13, name=f"{mod._eval_prefix}.w13")
+    w2 = quantize_nvfp4(mod.down_proj.detach().float(), name=f"{mod._eval_prefix}.w2")
+    scales = {}
+    if scheme is Scheme.NVFP4:  # W4A4: static per-expert input scales (= amax / 2688)
+        a13, a2 = expert_act_amax(mod, hidden, idx)
+        scales = {"a13_scale": torch.where(a13 > 0, a13, torch.ones_like(a13)) / GLOBAL_DIVISOR,
+                  "a2_scale": torch.where(a2 > 0, a2, torch.ones_like(a2)) / GLOBAL_DIVISOR}
+    kernel_name, kernel = _moe_kernel(moe_backend)
+    if kernel_name == "triton_w4a16":
+        dev = torch.device("cuda")
+        w13, w2 = (type(t)(t.data.to(dev), t.scale.to(dev), t.global_scale.to(dev), t.shape) for t in (w13, w2))
+        scales = {}  # weight-only kernel
+
+        def fn(x, ids, wts):
+            return kernel(x.to(dev), w13, w2, wts.to(dev), ids.to(dev), swiglu_limit=mod.limit).float().cpu()
+    else:
+        def fn(x, ids, wts):
+            return kernel(x, w13, w2, wts, ids, swiglu_limit=mod.limit, **scales)
+    return kernel_name, fn
+
+
+def _emulated_experts_fn(mod, layer: str, prec: EvalPrecision):
+    """forward of a copy of the experts module with each expert's weights emulated per its scheme."""
+    q = copy.deepcopy(mod)
+    for e in range(mod.num_experts):
+        s1, s2, s3 = (prec.scheme_for(native_expert_name(layer, e, w)) for w in _W)
+        w1, w3 = mod.gate_up_proj[e].detach().chunk(2, dim=0)
+        q.gate_up_proj.data[e] = torch.cat([emulate_weight(w1, s1, native_expert_name(layer, e, "w1")),
+                                            emulate_weight(w3, s3, native_expert_name(layer, e, "w3"))])
+        q.down_proj.data[e] = emulate_weight(mod.down_proj[e].detach(), s2, native_expert_name(layer, e, "w2"))
+    return q.forward
+
+
+@torch.no_grad()
+def experts_metrics(model, caps: Captures, prec: EvalPrecision, moe_backend: str,
+                    layers: tuple[str, ...] | None = None) -> dict[str, dict]:
+    """layer -> {scheme, kernel, layer: metrics, per_expert: {e: metrics + tokens}} (``layers``: a subset)."""
+    out = {}
+    for layer, hf_name, mod in experts_modules(model):
+        if layer not in caps.experts or (layers is not None and layer not in layers):
+            continue
+        hidden, idx, wts = caps.experts_cat(layer)
+        schemes = {prec.scheme_for(native_expert_name(layer, e, w)) for e in range(mod.num_experts) for w in _W}
+        scheme = schemes.pop() if len(schemes) == 1 else None
+        mod._eval_prefix = f"layers.{layer}.ffn.experts"
+        if scheme is not None and scheme.is_nvfp4:
+            kernel, q_fn = _nvfp4_experts_fn(mod, scheme, hidden, idx, moe_backend)
+        else:
+            kernel, q_fn = "emulated_weights", _emulated_experts_fn(mod, layer, prec)
+        entry = {"scheme": scheme.value if scheme else "mixed", "kernel": kernel,
+                 "layer": compare(mod.forward(hidden, idx, wts), q_fn(hidden, idx, wts), hf_name), "per_expert": {}}
+        for e in range(mod.num_experts):
+            tok = (idx == e).any(-1)
+            n = int(tok.sum())
+            if n == 0:
+                continue
+            x = hidden[tok]
+            ids, ones = torch.full((n, 1), e, dtype=idx.dtype), torch.ones((n, 1), dtype=wts.dtype)
+            entry["per_expert"][str(e)] = {"tokens": n, **compare(mod.forward(x, ids, ones), q_fn(x, ids, ones),
+                                                                  f"{mod._eval_prefix}.{e}")}
+        out[layer] = entry
+    return out
+
+
+def role_summary(linears: dict[str, dict], experts: dict[str, dict]) -> dict[str, dict]:
+    """role -> scheme, modules, cosine min/mean, SQNR min/mean, max_rel_err max (experts: per expert)."""
+    rows: dict[str, list[dict]] = defaultdict(list)
+    for m in linears.values():
+        rows[m["role"]].append(m)
+    for entry in experts.values():
+        rows["routed_experts"] += [{**m, "scheme": entry["scheme"]} for m in entry["per_expert"].values()]
+    out = {}
+    for role, ms in sorted(rows.items()):
+        schemes = sorted({m["scheme"] for m in ms})
+        out[role] = {
+            "scheme": schemes[0] if len(schemes) == 1 else "mixed", "modules": len(ms),
+            "cosine_min": min(m["cosine"] for m in ms), "cosine_mean": sum(m["cosine"] for m in ms) / len(ms),
+            "sqnr_db_min": min(m["sqnr_db"] for m in ms), "sqnr_db_mean": sum(m["sqnr_db"] for m in ms) / len(ms),
+            "max_rel_err_max": max(m["max_rel_err"] for m in ms),
+        }
+    return out
+
+
+def layertest(model, caps: Captures, prec: EvalPrecision, moe_backend: str) -> dict:
+    """Every module's fidelity on captured inputs; ``roles`` aggregates them."""
+    linears = linear_metrics(model, caps, prec)
+    experts = experts_metrics(model, caps, prec, moe_backend)
+    return {"roles": role_summary(linears, experts), "modules": linears, "experts": experts}

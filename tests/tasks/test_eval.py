@@ -1,0 +1,67 @@
+"""``eval`` task: run(cfg) on the tiny DeepSeek-V4 writes metrics.json + metrics.md (layertest, e2e)."""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def compose(*overrides: str):
+    from hydra import compose as hydra_compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from nvfp4stack.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        cfg = hydra_compose("config", overrides=[*overrides, f"hydra.searchpath=[file://{ROOT}]", "command=eval"])
+    return OmegaConf.to_object(cfg)
+
+
+@pytest.fixture
+def seed():
+    s = random.randrange(1, 2**31)
+    print(f"eval.seed={s}")
+    return s
+
+
+@pytest.mark.slow
+def test_layertest_writes_metrics(tmp_path, seed):
+    from nvfp4stack.tasks.eval import run
+
+    cfg = compose("recipes@_global_=tiny_dsv4", "eval.num_prompts=1", "eval.max_tokens=12", f"eval.seed={seed}",
+                  f"run_dir={tmp_path}")
+    assert run(cfg) == 0
+    m = json.loads((tmp_path / "metrics.json").read_text())
+    assert m["level"] == "layertest" and m["seed"] == seed
+    assert m["precision"]["routed_experts"] == "nvfp4" and m["precision"]["attn.wo_a"] == "fp8_block"
+    roles = m["layertest"]["roles"]
+    assert roles["attn.wo_a"]["cosine_min"] < 1.0 and roles["attn.wq_a"]["cosine_min"] == pytest.approx(1.0)
+    assert m["summary"]["fidelity"] == min(r["cosine_min"] for r in roles.values())
+    assert m["weight_bytes"] > 0
+    assert "| routed_experts | nvfp4 |" in (tmp_path / "metrics.md").read_text()
+
+
+def test_e2e_writes_metrics(tmp_path, seed):
+    from nvfp4stack.tasks.eval import run
+
+    cfg = compose("recipes@_global_=tiny_dsv4", "eval.level=e2e", "eval.num_prompts=1", "eval.max_tokens=10",
+                  f"eval.seed={seed}", f"run_dir={tmp_path}")
+    assert run(cfg) == 0
+    e = json.loads((tmp_path / "metrics.json").read_text())["e2e"]
+    assert e["positions"] == 9 and e["prompts"] == 1
+    assert 0.0 < e["kl_mean"] and 0.0 <= e["top1_agreement"] <= 1.0
+    assert e["ppl_ref"] > 1.0 and e["ppl_quant"] > 1.0
+    assert "KL mean" in (tmp_path / "metrics.md").read_text()
+
+
+def test_non_dsv4_model_is_refused_with_the_key(tmp_path):
+    from nvfp4stack.tasks.eval import run
+
+    cfg = compose("recipes@_global_=tiny_cpu", f"run_dir={tmp_path}")
+    with pytest.raises(ValueError, match="model.family"):
+        run(cfg)

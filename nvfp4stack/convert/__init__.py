@@ -1,0 +1,14 @@
+"""Converters, one per file; importing this package registers all of them in CONVERTERS."""
+from nvfp4stack.convert import (  # noqa: F401  (imported for registration)
+    bf16_to_fp8_block,
+    bf16_to_nvfp4,
+    compressor_fuse,
+    fp8_block_to_bf16,
+    mxfp4_to_nvfp4,
+    nvfp4_to_bf16,
+    nvfp4_to_fp8_block,
+    w13_shared_global_scale,
+)
+from nvfp4stack.convert.base import CONVERTERS, Converter
+
+__all__ = ["CONVERTERS", "Converter"]

@@ -1,0 +1,244 @@
+"""Streaming reader/writer for sharded safetensors checkpoints (index json), bounded memory.
+
+The reader reads one tensor at a time with plain file reads (no mmap, so resident memory is
+that tensor only); the writer streams tensor bytes to disk and prepends the header at the end,
+so neither ever holds a whole shard. Files are standard safetensors (``safe_open`` reads them).
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import torch
+
+INDEX_NAME = "model.safetensors.index.json"
+SINGLE_NAME = "model.safetensors"
+_COPY_CHUNK = 64 << 20
+
+DTYPES: dict[str, torch.dtype] = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+    "U8": torch.uint8, "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2, "F8_E8M0": torch.float8_e8m0fnu,
+    "U16": torch.uint16, "U32": torch.uint32, "U64": torch.uint64,
+}
+DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where one tensor lives: file, dtype name, shape, absolute byte range in the file."""
+
+    file: Path
+    dtype: str
+    shape: tuple
+    start: int
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.start
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        try:
+            return DTYPES[self.dtype]
+        except KeyError:
+            raise ValueError(f"{self.file}: safetensors dtype {self.dtype!r} is not supported; "
+                             f"supported: {', '.join(DTYPES)}") from None
+
+
+def read_header(path: str | Path) -> tuple[dict, int]:
+    """(header dict without __metadata__, byte offset where tensor data starts)."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    header.pop("__metadata__", None)
+    return header, 8 + n
+
+
+def file_infos(path: str | Path) -> dict[str, TensorInfo]:
+    path = Path(path)
+    header, base = read_header(path)
+    return {name: TensorInfo(path, h["dtype"], tuple(h["shape"]), base + h["data_offsets"][0],
+                             base + h["data_offsets"][1]) for name, h in header.items()}
+
+
+class ShardedReader:
+    """Read a checkpoint directory (index json, one model.safetensors, or loose *.safetensors)."""
+
+    def __init__(self, directory: str | Path):
+        self.dir = Path(directory)
+        index = self.dir / INDEX_NAME
+        if index.exists():
+            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        elif (self.dir / SINGLE_NAME).exists():
+            files = [SINGLE_NAME]
+        else:
+            files = sorted(p.name for p in self.dir.glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"{self.dir}: no {INDEX_NAME} and no *.safetensors; point "
+                                    "the checkpoint path at a directory holding safetensors shards")
+        self.files = [self.dir / f for f in files]
+        self.infos: dict[str, TensorInfo] = {}
+        for f in self.files:
+            for name, info in file_infos(f).items():
+                if name in self.infos:
+                    raise ValueError(f"{name}: stored twice ({self.infos[name].file.name} and "
+                                     f"{f.name}); remove the duplicate shard")
+                self.infos[name] = info
+
+    def names(self) -> list[str]:
+        """Names in storage order (file, then offset): sequential reads, deterministic."""
+        return sorted(self.infos, key=lambda n: (str(self.infos[n].file), self.infos[n].start))
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.infos
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(i.nbytes for i in self.infos.values())
+
+    def get(self, name: str, device: str | torch.device = "cpu") -> torch.Tensor:
+        info = self.infos[name]
+        buf = torch.empty(info.nbytes, dtype=torch.uint8)
+        with open(info.file, "rb") as f:
+            f.seek(info.start)
+            if info.nbytes and f.readinto(buf.numpy()) != info.nbytes:
+                raise IOError(f"{name}: {info.file} is truncated; re-download or re-write it")
+        return buf.view(info.torch_dtype).reshape(info.shape).to(device)
+
+    def iter_raw(self, name: str) -> Iterator[bytes]:
+        """The tensor's bytes in chunks, for pass-through copies that never materialise it."""
+        info = self.infos[name]
+        with open(info.file, "rb") as f:
+            f.seek(info.start)
+            left = info.nbytes
+            while left:
+                chunk = f.read(min(left, _COPY_CHUNK))
+                if not chunk:
+                    raise IOError(f"{name}: {info.file} is truncated")
+                left -= len(chunk)
+                yield chunk
+
+
+def _tensor_bytes(t: torch.Tensor) -> memoryview:
+    t = t.detach().to("cpu").contiguous().reshape(-1)
+    return memoryview(t.view(torch.uint8).numpy())
+
+
+class ShardWriter:
+    """Write one safetensors file tensor by tensor; ``close()`` publishes it atomically."""
+
+    def __init__(self, path: str | Path, metadata: dict | None = None):
+        self.path = Path(path)
+        self._data_path = self.path.with_name(self.path.name + ".data")
+        self._data = open(self._data_path, "wb")
+        self._header: dict = {"__metadata__": {"format": "pt", **(metadata or {})}}
+        self._offset = 0
+        self.sha256 = ""
+
+    @property
+    def nbytes(self) -> int:
+        return self._offset
+
+    def names(self) -> list[str]:
+        return [k for k in self._header if k != "__metadata__"]
+
+    def _add(self, name: str, dtype: str, shape: Iterable[int], chunks: Iterable) -> None:
+        if name in self._header:
+            raise ValueError(f"{name}: written twice to {self.path.name}")
+        start = self._offset
+        for c in chunks:
+            self._data.write(c)
+            self._offset += len(c)
+        self._header[name] = {"dtype": dtype, "shape": list(shape),
+                              "data_offsets": [start, self._offset]}
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        if tensor.dtype not in DTYPE_NAMES:
+            raise ValueError(f"{name}: dtype {tensor.dtype} has no safetensors name; cast or view it")
+        self._add(name, DTYPE_NAMES[tensor.dtype], tensor.shape, [_tensor_bytes(tensor)])
+
+    def add_raw(self, name: str, info: TensorInfo, chunks: Iterable[bytes]) -> None:
+        self._add(name, info.dtype, info.shape, chunks)
+
+    def close(self) -> Path:
+        self._data.close()
+        header = json.dumps(self._header, separators=(",", ":")).encode()
+        header += b" " * (-len(header) % 8)  # safetensors aligns the data start to 8 bytes
+        partial = self.path.with_name(self.path.name + ".partial")
+        digest = hashlib.sha256()
+        with open(partial, "wb") as out, open(self._data_path, "rb") as data:
+            head = [struct.pack("<Q", len(header)) + header]
+            for chunk in itertools.chain(head, iter(lambda: data.read(_COPY_CHUNK), b"")):
+                digest.update(chunk)
+                out.write(chunk)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(partial, self.path)
+        os.remove(self._data_path)
+        self.sha256 = digest.hexdigest()
+        return self.path
+
+    def abort(self) -> None:
+        self._data.close()
+        for p in (self._data_path, self.path.with_name(self.path.name + ".partial")):
+            p.unlink(missing_ok=True)
+
+
+def file_sha256(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(_COPY_CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def shard_name(i: int, n: int) -> str:
+    return f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+
+
+def write_index(directory: str | Path, weight_map: dict[str, str], total_size: int) -> Path:
+    path = Path(directory) / INDEX_NAME
+    body = {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))}
+    path.write_text(json.dumps(body, indent=2) + "\n")
+    return path
+
+
+def save_sharded(tensors: Iterable[tuple[str, torch.Tensor]] | dict, directory: str | Path,
+                 max_shard_bytes: int = 4 << 30) -> dict[str, str]:
+    """Write (name, tensor) pairs, in order, as model-XXXXX-of-YYYYY shards plus the index.
+
+    A shard is closed once it holds >= ``max_shard_bytes``, so the layout depends only on the
+    tensors and their order. Returns the weight map (name -> file).
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    items = tensors.items() if isinstance(tensors, dict) else tensors
+    files: list[Path] = []
+    weight_map: dict[str, int] = {}
+    writer, total = None, 0
+    for name, t in items:
+        if writer is None:
+            writer = ShardWriter(directory / f"shard-{len(files):05d}.tmp")
+        writer.add(name, t)
+        weight_map[name] = len(files)
+        total += t.numel() * t.element_size()
+        if writer.nbytes >= max_shard_bytes:
+            files.append(writer.close())
+            writer = None
+    if writer is not None:
+        files.append(writer.close())
+    names = [shard_name(i, len(files)) for i in range(len(files))]
+    for f, n in zip(files, names):
+        os.replace(f, directory / n)
+    final = {k: names[v] for k, v in weight_map.items()}
+    write_index(directory, final, total)
+    return final

@@ -1,0 +1,70 @@
+"""MXFP4 (DeepSeek-V4 release experts) -> NVFP4, data-free and exact wherever possible.
+
+Each MXFP4 block of 32 is two NVFP4 blocks of 16 sharing a power-of-two scale 2^s. With a
+power-of-two global scale 2^g, block scale 2^(s-g) is an exact E4M3 value for s-g in [-9, 8],
+and the E2M1 codes carry over unchanged. g = s_max - 8 puts the largest block at the top of
+that window; blocks more than 17 binades below it are re-rounded from their exact values (the
+only lossy case, counted in ``report``).
+"""
+from __future__ import annotations
+
+import torch
+
+from nvfp4stack.convert.base import CONVERTERS, Converter
+from nvfp4stack.convert.groups import mxfp4_from_group, nvfp4_to_group
+from nvfp4stack.formats.e2m1 import e2m1_decode, e2m1_encode, pack_e2m1, unpack_e2m1
+from nvfp4stack.formats.mxfp4 import E8M0_BIAS, Mxfp4Tensor
+from nvfp4stack.formats.nvfp4 import BLOCK, Nvfp4Tensor
+from nvfp4stack.schemes import Scheme
+
+_K_MIN, _K_MAX = -9, 8  # E4M3 holds every power of two in [2^-9, 2^8] exactly
+_MAGNITUDE_BITS = 0x7777777777777777  # the 3 magnitude bits of all 16 nibbles in a word
+
+
+def mxfp4_to_nvfp4(m: Mxfp4Tensor) -> tuple[Nvfp4Tensor, dict]:
+    """Returns the NVFP4 tensor (per-expert global scale for 3-D) and exactness statistics."""
+    # one NVFP4 block = 16 codes = 8 packed bytes = one int64: test "any nonzero magnitude"
+    # on the packed words, so exact blocks are never unpacked (their bytes carry over as is)
+    words = m.data.contiguous().view(torch.int64)                      # [..., K/16]
+    nonzero = (words & _MAGNITUDE_BITS) != 0
+    s = (m.scale.to(torch.int32) - E8M0_BIAS).repeat_interleave(2, -1)  # [..., K/16]
+    masked = torch.where(nonzero, s, torch.full_like(s, -(1 << 20)))
+    top = masked.flatten(1).amax(1) if masked.ndim == 3 else masked.amax()
+    top = torch.where(top < -E8M0_BIAS, torch.full_like(top, _K_MAX), top)  # all-zero tensor
+    g = (top - _K_MAX).clamp(min=-126)              # stay a normal fp32 number
+    gb = g.reshape(-1, 1, 1) if g.ndim == 1 else g  # broadcast over [..., N, K/16]
+    k = s - gb
+    kc = k.clamp(_K_MIN, _K_MAX)
+    scale = torch.ldexp(torch.ones_like(kc, dtype=torch.float32), kc).to(torch.float8_e4m3fn)
+    gs = torch.ldexp(torch.ones_like(g, dtype=torch.float32), g)
+    exact = (k >= _K_MIN) | ~nonzero
+    n_inexact = int((~exact).sum())
+    data = m.data
+    if n_inexact:
+        # exact values code * 2^s, expressed in units of the clamped scale 2^kc * 2^g
+        codes = unpack_e2m1(m.data)
+        cb = codes.reshape(*codes.shape[:-1], -1, BLOCK)                # [..., K/16, 16]
+        shift = torch.ldexp(torch.ones_like(k, dtype=torch.float32), k - kc).unsqueeze(-1)
+        requant = e2m1_encode(e2m1_decode(cb) * shift)
+        data = pack_e2m1(torch.where(exact.unsqueeze(-1), cb, requant).reshape(codes.shape))
+    q = Nvfp4Tensor(data, scale, gs, m.shape)
+    report = {"blocks": int(exact.numel()), "exact_fraction": 1.0 - n_inexact / max(exact.numel(), 1),
+              "max_rel_err": 0.0, "mean_rel_err": 0.0}
+    if n_inexact:
+        ref, got = m.dequantize(torch.float32), q.dequantize(torch.float32)
+        err = (got - ref).abs()
+        report["max_rel_err"] = float(err.max() / ref.abs().max().clamp_min(1e-38))
+        report["mean_rel_err"] = float(err.mean() / ref.abs().mean().clamp_min(1e-38))
+    return q, report
+
+
+@CONVERTERS.register("mxfp4_to_nvfp4")
+class Mxfp4ToNvfp4(Converter):
+    """Relative errors: max|d|/max|ref| and mean|d|/mean|ref| over the tensor."""
+
+    source, target = Scheme.MXFP4, Scheme.NVFP4
+
+    def convert(self, tensors: dict, name: str) -> dict:
+        q, self.report = mxfp4_to_nvfp4(mxfp4_from_group(tensors, name))
+        input_scale = tensors.get("input_scale")
+        return nvfp4_to_group(q, input_scale)

@@ -1,0 +1,77 @@
+"""Give an expert's w1 (gate) and w3 (up) one global scale, as fused gate_up kernels need.
+
+The shared scale is max(gs1, gs3) (and max of the input scales). From BF16 both are quantized
+once with it. From NVFP4, the tensor that already has the max keeps its bytes; the other has
+the ratio folded into its block scales, and only blocks whose new E4M3 scale does not
+reproduce the old one exactly get their codes re-rounded (from their exact dequantized values).
+"""
+from __future__ import annotations
+
+import torch
+
+from nvfp4stack.convert.base import CONVERTERS, Converter
+from nvfp4stack.convert.groups import input_scale_of, nvfp4_from_group, nvfp4_to_group
+from nvfp4stack.formats.e2m1 import e2m1_decode, e2m1_encode, pack_e2m1, unpack_e2m1
+from nvfp4stack.formats.nvfp4 import (BLOCK, E4M3_MAX, SCALE_MIN, Nvfp4Tensor, nvfp4_global_scale,
+                                      quantize_nvfp4)
+from nvfp4stack.schemes import Scheme
+
+PARTS = ("w1", "w3")
+
+
+def refold_global_scale(q: Nvfp4Tensor, new_gs: torch.Tensor) -> tuple[Nvfp4Tensor, int]:
+    """Re-express ``q`` under global scale ``new_gs`` (>= its own); returns (tensor, blocks re-rounded)."""
+    old = q.scale.float() * q.global_scale                              # [N, K/16] fp32
+    scale = (old / new_gs).clamp(SCALE_MIN, E4M3_MAX).to(torch.float8_e4m3fn)
+    same = scale.float() * new_gs == old
+    n = int((~same).sum())
+    data = q.data
+    if n:
+        codes = unpack_e2m1(q.data)
+        vals = e2m1_decode(codes).reshape(*codes.shape[:-1], -1, BLOCK) * old.unsqueeze(-1)
+        requant = e2m1_encode(vals / (scale.float() * new_gs).unsqueeze(-1))
+        cb = codes.reshape(requant.shape)
+        data = pack_e2m1(torch.where(same.unsqueeze(-1), cb, requant).reshape(codes.shape))
+    return Nvfp4Tensor(data, scale, new_gs.reshape(()), q.shape), n
+
+
+def _max_input_scale(groups: dict) -> torch.Tensor | None:
+    scales = [input_scale_of(g) for g in groups.values()]
+    if all(s is None for s in scales):
+        return None
+    if any(s is None for s in scales):
+        raise KeyError("w1/w3 input_scale: present on one of the pair only; calibrate both or neither")
+    return torch.maximum(*scales)
+
+
+@CONVERTERS.register("w13_shared_global_scale")
+class W13SharedGlobalScale(Converter):
+    source, target = Scheme.NVFP4, Scheme.NVFP4
+    spans_modules = True  # gets the expert's sub-modules: keys 'w1.weight', 'w3.weight_scale', ...
+
+    def convert(self, tensors: dict, name: str) -> dict:
+        groups = {p: {k[len(p) + 1:]: v for k, v in tensors.items() if k.startswith(p + ".")} for p in PARTS}
+        missing = [p for p in PARTS if "weight" not in groups[p]]
+        if missing:
+            raise KeyError(f"{name}: w13_shared_global_scale needs both {name}.w1 and {name}.w3; "
+                           f"missing {missing}. Route w2 and other modules to another converter")
+        out = {k: v for k, v in tensors.items() if not k.startswith(("w1.", "w3."))}
+        input_scale = _max_input_scale(groups)
+        if groups["w1"]["weight"].is_floating_point() and groups["w1"]["weight"].dtype.itemsize > 1:
+            ws = {p: groups[p]["weight"] for p in PARTS}
+            gs = torch.maximum(*(nvfp4_global_scale(w, f"{name}.{p}.weight") for p, w in ws.items()))
+            qs = {p: quantize_nvfp4(w, gs, name=f"{name}.{p}.weight") for p, w in ws.items()}
+            self.report = {"requantized_blocks": 0}
+        else:
+            src = {p: nvfp4_from_group(groups[p], f"{name}.{p}") for p in PARTS}
+            gs = torch.maximum(src["w1"].global_scale, src["w3"].global_scale)
+            qs, n = {}, 0
+            for p, q in src.items():
+                if torch.equal(q.global_scale, gs):
+                    qs[p] = q  # already at the shared scale: bytes untouched
+                else:
+                    qs[p], n = refold_global_scale(q, gs)
+            self.report = {"requantized_blocks": n}
+        for p in PARTS:
+            out.update({f"{p}.{k}": v for k, v in nvfp4_to_group(qs[p], input_scale).items()})
+        return out

@@ -1,0 +1,57 @@
+"""``doctor`` end to end: the task on a clean modelopt-layout checkpoint (vLLM load check included)
+exits 0; ``python main.py ... doctor`` on a copy missing one expert scale exits 1 and names it."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nvfp4stack.checkpoint.doctor_faults import remove_tensor, tiny_dsv4_layouts, vllm_ready_config
+from nvfp4stack.config import ModelConfig, RootConfig
+from nvfp4stack.engine.dsv4_load_check import vllm_importable
+
+ROOT = Path(__file__).resolve().parents[2]
+REMOVED = "layers.1.ffn.experts.3.w1.weight_scale"
+pytestmark = pytest.mark.slow
+
+
+def _cache() -> Path:
+    return Path(os.environ.get("NVFP4STACK_TEST_CACHE", "~/.cache/nvfp4stack/test")).expanduser()
+
+
+@pytest.fixture(scope="module")
+def modelopt(tmp_path_factory) -> Path:
+    return vllm_ready_config(tiny_dsv4_layouts(_cache())["modelopt"], tmp_path_factory.mktemp("t") / "modelopt")
+
+
+def test_task_clean_checkpoint_exits_zero(modelopt, tmp_path, capsys):
+    from nvfp4stack.tasks.doctor import run
+
+    cfg = RootConfig(command="doctor", recipe="tiny_dsv4", checkpoint=str(modelopt), run_dir=str(tmp_path),
+                     model=ModelConfig(name="tiny_dsv4", family="deepseek_v4", factory=None, path=str(modelopt)))
+    assert run(cfg) == 0
+    out = capsys.readouterr().out
+    assert "ERRORS (0)" in out and "result: clean" in out
+    report = json.loads((tmp_path / "doctor.json").read_text())
+    assert report["ok"] and report["errors"] == []
+    if vllm_importable():
+        assert report["stats"]["vllm_cuda"] == "ok"
+
+
+def test_cli_missing_scale_exits_nonzero(modelopt, tmp_path):
+    bad = remove_tensor(modelopt, tmp_path / "bad", REMOVED)
+    run_dir = tmp_path / "run"
+    p = subprocess.run([sys.executable, "main.py", "recipe=tiny_dsv4", "doctor", f"checkpoint={bad}",
+                        f"run_dir={run_dir}"], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    print(p.stdout[-4000:], p.stderr[-2000:])
+    assert p.returncode == 1
+    report = json.loads((run_dir / "doctor.json").read_text())
+    checks = {(e["check"], e["where"]) for e in report["errors"]}
+    assert ("missing", REMOVED) in checks
+    assert {c for c, _ in checks} <= {"missing", "vllm_load"}
+    if vllm_importable():
+        assert any(c == "vllm_load" and REMOVED in e["found"] for e in report["errors"] for c in [e["check"]])

@@ -2,9 +2,7 @@
 what was found and the fix, and nothing is written in place.
 
 The code under test is the streaming converter (nvfp4stack/convert/stream.py), the planner, the
-backend selection and the CLI. Where the issue demands more than that code does today, the test
-states the demand and is marked ``xfail(strict=True)`` with the gap named (it starts passing,
-and then fails loudly, when the owner closes the gap).
+backend selection and the CLI.
 """
 from __future__ import annotations
 
@@ -72,8 +70,6 @@ def test_truncated_shard(ckpt, tmp_path):
     _assert_nothing_written(dst)
 
 
-@pytest.mark.xfail(strict=True, reason="gap (convert/stream.py via safetensors_io.read_header): a corrupted header "
-                   "raises a bare JSONDecodeError/UnicodeDecodeError naming neither the shard nor the fix")
 def test_corrupted_header(ckpt, tmp_path):
     shard = _shard(ckpt)
     data = bytearray(shard.read_bytes())
@@ -113,8 +109,6 @@ def test_wrong_scale_dtype(tmp_path, seed):
     _assert_nothing_written(dst)
 
 
-@pytest.mark.xfail(strict=True, reason="gap (formats/nvfp4.py Nvfp4Tensor via convert/groups.py): the dtype error "
-                   "says 'Nvfp4Tensor.scale' instead of naming the checkpoint tensor")
 def test_wrong_scale_dtype_names_the_tensor(tmp_path, seed):
     from nvfp4stack.formats.nvfp4 import quantize_nvfp4
 
@@ -142,8 +136,6 @@ def test_nan_inf_in_weights(tmp_path, seed, bad):
     _assert_nothing_written(dst)
 
 
-@pytest.mark.xfail(strict=True, reason="gap (formats/nvfp4.py dequantize / convert nvfp4_to_bf16): NaN/Inf in "
-                   "weight_scale_2 is converted silently into NaN weights instead of raising")
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_nan_inf_in_scales(tmp_path, seed, bad):
     from nvfp4stack.formats.nvfp4 import quantize_nvfp4

@@ -54,11 +54,26 @@ class TensorInfo:
                              f"supported: {', '.join(DTYPES)}") from None
 
 
+MAX_HEADER_BYTES = 100 * 2**20  # safetensors' own limit
+
+
 def read_header(path: str | Path) -> tuple[dict, int]:
     """(header dict without __metadata__, byte offset where tensor data starts)."""
+    fix = "the file is corrupted or truncated: re-copy or re-download this shard"
     with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(n))
+        raw = f.read(8)
+        if len(raw) != 8:
+            raise ValueError(f"{path}: no 8-byte safetensors header length; {fix}")
+        (n,) = struct.unpack("<Q", raw)
+        if n > MAX_HEADER_BYTES:
+            raise ValueError(f"{path}: header length {n} bytes exceeds {MAX_HEADER_BYTES}; {fix}")
+        blob = f.read(n)
+    try:
+        header = json.loads(blob)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: corrupted safetensors header ({e.__class__.__name__}: {e}); {fix}") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{path}: safetensors header is not a JSON object; {fix}")
     header.pop("__metadata__", None)
     return header, 8 + n
 

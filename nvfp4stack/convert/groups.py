@@ -32,8 +32,14 @@ def packed_bytes(t: torch.Tensor, name: str) -> torch.Tensor:
 def nvfp4_from_group(t: dict, name: str) -> Nvfp4Tensor:
     require(t, ("weight", "weight_scale", "weight_scale_2"), name, "NVFP4")
     data = packed_bytes(t["weight"], f"{name}.weight")
-    return Nvfp4Tensor(data, t["weight_scale"], t["weight_scale_2"].float().reshape(()),
-                       (*data.shape[:-1], data.shape[-1] * 2))
+    gs = t["weight_scale_2"].float().reshape(())
+    if not torch.isfinite(gs):
+        raise ValueError(f"{name}.weight_scale_2: expected a finite positive global scale, found {gs.item()}; "
+                         "the checkpoint is damaged: re-export this layer (quantize.export_only=true)")
+    try:
+        return Nvfp4Tensor(data, t["weight_scale"], gs, (*data.shape[:-1], data.shape[-1] * 2))
+    except ValueError as e:  # the container names its own field; say which checkpoint tensor it was
+        raise ValueError(f"{name}: {e}") from None
 
 
 def nvfp4_to_group(q: Nvfp4Tensor, input_scale: torch.Tensor | None = None) -> dict:

@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from nvfp4stack.io_atomic import atomic_dir
 from nvfp4stack.models.tokenizer import BOS, EOS, PAD, train_tokenizer
 
 
@@ -83,8 +83,7 @@ def build_tiny_v3(out_dir: str | os.PathLike, spec: TinyV3Spec = TinyV3Spec()) -
 
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with atomic_dir(out) as tmp:
         train_tokenizer(tmp / "tok", spec.vocab_size)
         tok = AutoTokenizer.from_pretrained(tmp / "tok")
         assert (tok.pad_token, tok.bos_token, tok.eos_token) == (PAD, BOS, EOS)
@@ -100,12 +99,6 @@ def build_tiny_v3(out_dir: str | os.PathLike, spec: TinyV3Spec = TinyV3Spec()) -
         tok.save_pretrained(tmp)
         shutil.rmtree(tmp / "tok")
         patch_config_json(tmp / "config.json")
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
     return out
 
 

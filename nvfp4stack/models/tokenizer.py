@@ -7,10 +7,9 @@ files, are identical from run to run.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
+from nvfp4stack.io_atomic import atomic_dir
 from nvfp4stack.models.corpus import calibration_texts, corpus_size
 
 BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
@@ -41,7 +40,14 @@ def train_tokenizer(out_dir: str | os.PathLike, vocab_size: int = 2048) -> Path:
         )
     # The env var must be set before the Rust pool starts: one thread -> deterministic merges.
     os.environ.setdefault("RAYON_NUM_THREADS", "1")
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
@@ -67,13 +73,6 @@ def train_tokenizer(out_dir: str | os.PathLike, vocab_size: int = 2048) -> Path:
     )
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with atomic_dir(out) as tmp:
         hf_tok.save_pretrained(tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
     return out

@@ -6,7 +6,7 @@ import struct
 from pathlib import Path
 from typing import Iterator
 
-from nvfp4stack.models.dsv4_spec import TensorGroup, dsv4_tensor_groups
+from nvfp4stack.models.dsv4_spec import TensorGroup
 from nvfp4stack.plan.roles import is_mtp, role_of
 from nvfp4stack.schemes import Scheme
 

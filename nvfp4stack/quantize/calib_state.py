@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
+
+from nvfp4stack.io_atomic import atomic_dir
 
 AMAX_FILE = "amax.safetensors"
 META_FILE = "meta.json"
@@ -62,17 +62,10 @@ def save_state(state_dir: str | Path, amax: dict[str, torch.Tensor], meta: dict)
                          "(layers.L.ffn.experts.E.wK_{weight,input}_quantizer._amax)")
     state_dir = Path(state_dir)
     state_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{state_dir.name}.", dir=state_dir.parent))
-    try:
+    with atomic_dir(state_dir) as tmp:
         save_file({k: v.detach().cpu().float().contiguous() for k, v in sorted(amax.items())},
                   str(tmp / AMAX_FILE), metadata={"format": "pt"})
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-        if state_dir.exists():
-            shutil.rmtree(state_dir)
-        tmp.rename(state_dir)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
     return state_dir
 
 

@@ -14,16 +14,21 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import tempfile
 from collections import defaultdict
 from pathlib import Path
 
 import torch
 
 from nvfp4stack.checkpoint.config_fixups import moe_nvfp4
-from nvfp4stack.checkpoint.safetensors_io import INDEX_NAME, ShardedReader, ShardWriter, write_index
+from nvfp4stack.checkpoint.safetensors_io import (
+    INDEX_NAME,
+    ShardedReader,
+    ShardWriter,
+    write_index,
+)
 from nvfp4stack.formats.mxfp4 import as_ue8m0_bytes, dequantize_mxfp4
 from nvfp4stack.formats.nvfp4 import GLOBAL_DIVISOR, quantize_nvfp4
+from nvfp4stack.io_atomic import atomic_dir
 
 EXPERT_WEIGHT = re.compile(r"^(?P<block>(?:mtp\.\d+|layers\.\d+))\.ffn\.experts\.(?P<eid>\d+)\.(?P<proj>w[123])\.weight$")
 NVFP4_SUFFIXES = (".weight", ".weight_scale", ".weight_scale_2", ".input_scale")
@@ -152,11 +157,9 @@ def export_dsv4(base_dir: str | Path, out_dir: str | Path, make_expert, *, quant
     expert_set = set(experts)
     drop = {n[: -len(".weight")] + ".scale" for n in experts}
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     weight_map: dict[str, str] = {}
     total = 0
-    try:
+    with atomic_dir(out_dir) as tmp:
         by_file: dict[Path, list[str]] = defaultdict(list)
         for n in names:
             by_file[base.infos[n].file].append(n)
@@ -185,12 +188,6 @@ def export_dsv4(base_dir: str | Path, out_dir: str | Path, make_expert, *, quant
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
         for p in _aux_files(base_dir):
             shutil.copy2(p, tmp / p.name)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        tmp.rename(out_dir)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
 
 
 def _write_manifest(out: Path, quantized_layers: list[str]) -> None:

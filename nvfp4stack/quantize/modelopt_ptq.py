@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Callable
 
+from nvfp4stack.io_atomic import atomic_dir
 from nvfp4stack.models.corpus import calibration_texts
 
 # The modelopt config names this module accepts (attributes of modelopt.torch.quantization).
@@ -96,8 +96,7 @@ def quantize_and_export(model_dir: str | os.PathLike, out_dir: str | os.PathLike
     calibrate(model, tokenizer, quant_cfg_name, num_samples=num_samples, max_len=max_len, seed=seed)
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with atomic_dir(out) as tmp:
         torch.save(snapshot_amax(model), tmp / "amax.pt")
         with torch.inference_mode():
             export_hf_checkpoint(model, export_dir=tmp)
@@ -109,10 +108,4 @@ def quantize_and_export(model_dir: str | os.PathLike, out_dir: str | os.PathLike
         for name in TOKENIZER_FILES:
             if (src / name).exists() and not (tmp / name).exists():
                 shutil.copy2(src / name, tmp / name)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
     return out

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 from pathlib import Path
 
 from nvfp4stack.checkpoint.safetensors_io import ShardedReader
+from nvfp4stack.io_atomic import atomic_dir
 
 
 def resolve_sources(cfg) -> tuple[Path | None, Path]:
@@ -59,8 +59,7 @@ def _export_hf_unified(source: Path, out: Path, q) -> dict:
                                         batch_size=q.calib_batch_size, seed=q.seed, keep_model=True)
     model.to(torch.bfloat16)  # modelopt's export of DSV4 on CPU wants bf16 weights
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with atomic_dir(out) as tmp:
         with torch.inference_mode():
             export_hf_checkpoint(model, export_dir=tmp)
         cfg = topk_method_noaux_tc(json.loads((tmp / "config.json").read_text()))
@@ -68,12 +67,6 @@ def _export_hf_unified(source: Path, out: Path, q) -> dict:
         for name in TOKENIZER_FILES:
             if (source / name).exists():
                 shutil.copy2(source / name, tmp / name)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
     return stats
 
 

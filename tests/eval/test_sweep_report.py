@@ -69,8 +69,7 @@ def test_six_job_precision_sweep_on_tiny_dsv4(tmp_path):
     seed = random.randrange(1, 2**31)
     cmd = [sys.executable, "main.py", "-m", "recipe=tiny_dsv4",
            "precision.routed_experts=nvfp4,fp8_block,bf16", "precision.attn.wo_b=fp8_block,bf16",
-           "eval.num_prompts=2", "eval.max_tokens=16", f"eval.seed={seed}", f"hydra.sweep.dir={sweep}",
-           "+hydra.callbacks.sweep_report._target_=nvfp4stack.eval.sweep_callback.SweepReportCallback", "eval"]
+           "eval.num_prompts=2", "eval.max_tokens=16", f"eval.seed={seed}", f"hydra.sweep.dir={sweep}", "eval"]
     print(" ".join(cmd))
     t0 = time.monotonic()
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1500)

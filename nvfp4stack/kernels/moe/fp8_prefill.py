@@ -196,7 +196,7 @@ def fp8_moe_forward(
     run as torch ops, on CUDA as the Triton kernels of _fp8_prefill_kernels). ``poison`` fills
     the scale and output buffers with NaN, so that a row nobody wrote shows up in the output.
     """
-    num_experts, hidden = fp8.w13.shape[0], fp8.w13.shape[2]
+    num_experts = fp8.w13.shape[0]
     tokens, top_k = topk_ids.shape
     if tokens == 0:
         return torch.zeros_like(x)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from nvfp4stack.arch import KNOWN_ARCHS
-from nvfp4stack.formats.nvfp4 import dequantize_nvfp4, quantize_nvfp4
+from nvfp4stack.formats.nvfp4 import quantize_nvfp4
 from nvfp4stack.kernels.base import MOE_BACKENDS
 from nvfp4stack.kernels.moe.torch_emulation import nvfp4_moe_forward
 from nvfp4stack.schemes import Scheme

@@ -139,6 +139,18 @@ def moe_nvfp4(cfg: dict) -> dict:
     return out
 
 
+@CONFIG_FIXUPS.register("fp8_block_ue8m0")
+def fp8_block_ue8m0(cfg: dict) -> dict:
+    """Declare 128x128 FP8 E4M3 weights with UE8M0 scales, as the DeepSeek-V4 release does
+    (vLLM's DeepseekV4FP8Config reads ``quant_method: fp8`` and ``scale_fmt``)."""
+    out = copy.deepcopy(cfg)
+    q = dict(out.get("quantization_config") or {})
+    q.update(quant_method="fp8", fmt="e4m3", scale_fmt="ue8m0", weight_block_size=[128, 128])
+    q.setdefault("activation_scheme", "dynamic")
+    out["quantization_config"] = q
+    return out
+
+
 # What a DeepSeek-V4 config.json needs to be read by both vLLM and transformers.
 SERVE_FIXUPS = ("legacy_compress_ratios", "legacy_num_hash_layers", "drop_mlp_layer_types",
                 "transformers_layer_types", "topk_method_noaux_tc", "qk_rope_head_dim", "flatten_rope")

@@ -8,6 +8,8 @@ only lossy case, counted in ``report``).
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from nvfp4stack.convert.base import CONVERTERS, Converter
@@ -19,19 +21,56 @@ from nvfp4stack.schemes import Scheme
 
 _K_MIN, _K_MAX = -9, 8  # E4M3 holds every power of two in [2^-9, 2^8] exactly
 _MAGNITUDE_BITS = 0x7777777777777777  # the 3 magnitude bits of all 16 nibbles in a word
+# with TRITON_INTERPRET=1 this runs the Triton path on CPU tensors (CI checks it against torch)
+_FORCE = "NVFP4STACK_MX2NV_TRITON"
+
+
+def _global_exponent(top: torch.Tensor) -> torch.Tensor:
+    """g from the top nonzero-block exponent: the largest block lands on 2^8 (``_K_MAX``)."""
+    top = torch.where(top < -E8M0_BIAS, torch.full_like(top, _K_MAX), top)  # all-zero tensor
+    return (top - _K_MAX).clamp(min=-126)           # stay a normal fp32 number
+
+
+def _experts(m: Mxfp4Tensor) -> int:
+    return m.shape[0] if len(m.shape) == 3 else 1   # 3-D [E, N, K]: one global scale per expert
+
+
+def _fast_path(m: Mxfp4Tensor) -> tuple[Nvfp4Tensor, dict] | None:
+    """CUDA (or TRITON_INTERPRET=1): two fused Triton passes; None when some block is inexact
+    (the torch path then does the re-rounding) or when Triton is missing."""
+    try:
+        from nvfp4stack.formats import mxfp4_nvfp4_triton as tk
+    except ImportError:
+        return None
+    data, scale = m.data.contiguous(), m.scale.contiguous()
+    e = _experts(m)
+    g = _global_exponent(tk.run_top(data, scale, e))                   # int32 [E]
+    out, inexact = tk.run_scales(data, scale, g)
+    if int(inexact):
+        return None
+    g = g.reshape(()) if len(m.shape) != 3 else g
+    gs = torch.ldexp(torch.ones_like(g, dtype=torch.float32), g)
+    q = Nvfp4Tensor(m.data, out.view(torch.float8_e4m3fn), gs, m.shape)
+    return q, {"blocks": out.numel(), "exact_fraction": 1.0, "max_rel_err": 0.0, "mean_rel_err": 0.0}
+
+
+def _use_triton(t: torch.Tensor) -> bool:
+    return t.is_cuda or (os.environ.get("TRITON_INTERPRET") == "1" and os.environ.get(_FORCE) == "1")
 
 
 def mxfp4_to_nvfp4(m: Mxfp4Tensor) -> tuple[Nvfp4Tensor, dict]:
     """Returns the NVFP4 tensor (per-expert global scale for 3-D) and exactness statistics."""
+    if len(m.shape) >= 2 and _use_triton(m.data):
+        fast = _fast_path(m)
+        if fast is not None:
+            return fast
     # one NVFP4 block = 16 codes = 8 packed bytes = one int64: test "any nonzero magnitude"
     # on the packed words, so exact blocks are never unpacked (their bytes carry over as is)
     words = m.data.contiguous().view(torch.int64)                      # [..., K/16]
     nonzero = (words & _MAGNITUDE_BITS) != 0
     s = (m.scale.to(torch.int32) - E8M0_BIAS).repeat_interleave(2, -1)  # [..., K/16]
     masked = torch.where(nonzero, s, torch.full_like(s, -(1 << 20)))
-    top = masked.flatten(1).amax(1) if masked.ndim == 3 else masked.amax()
-    top = torch.where(top < -E8M0_BIAS, torch.full_like(top, _K_MAX), top)  # all-zero tensor
-    g = (top - _K_MAX).clamp(min=-126)              # stay a normal fp32 number
+    g = _global_exponent(masked.flatten(1).amax(1) if masked.ndim == 3 else masked.amax())
     gb = g.reshape(-1, 1, 1) if g.ndim == 1 else g  # broadcast over [..., N, K/16]
     k = s - gb
     kc = k.clamp(_K_MIN, _K_MAX)

@@ -188,6 +188,10 @@ def build_plan(groups: Iterable[tuple[TensorGroup, Scheme]], *, model: str, fami
             used_targets.update(rule.targets_matching(group.name, group.role, group.mtp))
         check_hard_rules(group, source, target, family)
         converter = converter_for(source, target, group.name) if group.is_matrix else None
+        if converter == "bf16_to_nvfp4" and group.role == "routed_experts" and group.name.endswith((".w1", ".w3")):
+            # Fused gate_up kernels read one global scale for w1 and w3 (vLLM keeps w1's and
+            # warns otherwise): quantize the pair together under max(gs1, gs3).
+            converter = "w13_shared_global_scale"
         served, kernel = target, "-"
         if group.is_matrix:
             if target is Scheme.BF16:

@@ -40,30 +40,54 @@ def chooser_from_plan(plan):
 
 
 def chooser_for(cfg, src: Path):
-    """convert.rules when given; otherwise the plan of this config (nvfp4stack.plan)."""
+    """(chooser, config.json to write or None): convert.rules when given (config copied as is);
+    otherwise the plan of this config, with the config fix-ups its targets need."""
     from nvfp4stack.convert.stream import chooser_from_rules
 
     rules = _plain(cfg.convert.rules)
     if rules:  # a list of 'glob=converter' (or a mapping, from Python callers)
-        return chooser_from_rules(rules)
+        return chooser_from_rules(rules), None
     from nvfp4stack.plan.build import plan_for_config
 
-    return chooser_from_plan(plan_for_config(cfg))
+    plan = plan_for_config(cfg)
+    return chooser_from_plan(plan), planned_config(cfg, plan, src)
+
+
+def planned_config(cfg, plan, src: Path) -> dict | None:
+    """config.json for the converted DeepSeek-V4 checkpoint: what vLLM needs to read its formats."""
+    from nvfp4stack.checkpoint.config_fixups import SERVE_FIXUPS, apply_fixups
+    from nvfp4stack.schemes import Scheme
+
+    if cfg.model.family != "deepseek_v4" or not (src / "config.json").exists():
+        return None
+    targets = {(g.role, g.target) for g in plan.groups if g.converter}
+    fixups = list(SERVE_FIXUPS)
+    if any(t is Scheme.FP8_BLOCK for _, t in targets):
+        fixups.append("fp8_block_ue8m0")
+    if any(r == "routed_experts" and t.is_nvfp4 for r, t in targets):
+        fixups.append("moe_nvfp4")
+    return apply_fixups(json.loads((src / "config.json").read_text()), fixups)
 
 
 def run(cfg) -> int:
     from nvfp4stack.convert.stream import convert_checkpoint
 
     c = cfg.convert
-    src = Path(c.src or getattr(cfg.model, "path", "") or "")
+    if c.src:
+        src = Path(c.src)
+    else:
+        from nvfp4stack.models.resolve import model_dir
+
+        src = model_dir(cfg.model, cfg.cache_dir) or Path("")
     if not str(src) or not src.is_dir():
         log.error("convert.src: expected a checkpoint directory, found %r; set convert.src=DIR "
                   "(or model.path)", str(src))
         return 2
     dst = Path(c.dst) if c.dst else Path(cfg.run_dir) / "checkpoint"
     try:
+        choose, config = chooser_for(cfg, src)
         report = convert_checkpoint(
-            src, dst, chooser_for(cfg, src), unknown_tensors=c.unknown_tensors,
+            src, dst, choose, config=config, unknown_tensors=c.unknown_tensors,
             overwrite=c.overwrite, max_shard_bytes=int(c.max_shard_bytes), device=c.device,
             hf_quant_config=_plain(c.hf_quant_config) or None)
     except (FileExistsError, ValueError, KeyError) as e:

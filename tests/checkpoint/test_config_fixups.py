@@ -86,3 +86,12 @@ def test_serve_chain_restores_what_vllm_reads_and_transformers_still_loads():
     assert cfg.layer_types == SAVED["layer_types"] and cfg.qk_rope_head_dim == 64
     assert cfg.mlp_layer_types == SAVED["mlp_layer_types"]  # derived back from num_hash_layers
     assert F.CONFIG_FIXUPS.names() == sorted(F.CONFIG_FIXUPS.names()) and "moe_nvfp4" in F.CONFIG_FIXUPS
+
+
+def test_fp8_block_ue8m0_declares_the_release_fp8_format():
+    from nvfp4stack.checkpoint.config_fixups import fp8_block_ue8m0
+
+    out = fp8_block_ue8m0({"quantization_config": {"moe_quant_algo": "NVFP4"}, "hidden_size": 8})
+    q = out["quantization_config"]
+    assert (q["quant_method"], q["fmt"], q["scale_fmt"], q["weight_block_size"]) == ("fp8", "e4m3", "ue8m0", [128, 128])
+    assert q["moe_quant_algo"] == "NVFP4" and out["hidden_size"] == 8

@@ -110,3 +110,11 @@ def test_plan_json_is_serialisable(pro_plan):
     j = json.loads(json.dumps(pro_plan.to_json(), default=str))
     assert j["total_params"] == pro_plan.total_params and j["rows"]
     assert j["selections"]["moe:nvfp4"]["backend"] == "flashinfer_trtllm"
+
+
+def test_bf16_experts_w1_w3_share_one_global_scale():
+    p = plan(_config(experts=8), source="bf16", precision=serving_precision())
+    by = p.by_name()
+    assert by["layers.3.ffn.experts.5.w1"].converter == "w13_shared_global_scale"
+    assert by["layers.3.ffn.experts.5.w3"].converter == "w13_shared_global_scale"
+    assert by["layers.3.ffn.experts.5.w2"].converter == "bf16_to_nvfp4"

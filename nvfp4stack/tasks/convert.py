@@ -73,9 +73,9 @@ def run(cfg) -> int:
     from nvfp4stack.convert.stream import convert_checkpoint
 
     c = cfg.convert
-    if c.src:
-        src = Path(c.src)
-    else:
+    if c.src or getattr(cfg.model, "path", None):
+        src = Path(c.src or cfg.model.path)
+    else:  # a factory model (e.g. tiny_dsv4): built on first use
         from nvfp4stack.models.resolve import model_dir
 
         src = model_dir(cfg.model, cfg.cache_dir) or Path("")

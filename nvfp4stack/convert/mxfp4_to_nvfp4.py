@@ -42,14 +42,11 @@ def _fast_path(m: Mxfp4Tensor) -> tuple[Nvfp4Tensor, dict] | None:
         from nvfp4stack.formats import mxfp4_nvfp4_triton as tk
     except ImportError:
         return None
-    data, scale = m.data.contiguous(), m.scale.contiguous()
-    e = _experts(m)
-    g = _global_exponent(tk.run_top(data, scale, e))                   # int32 [E]
-    out, inexact = tk.run_scales(data, scale, g)
-    if int(inexact):
+    out, gs, n_inexact = tk.convert_scales(m.data.contiguous(), m.scale.contiguous(), _experts(m),
+                                           _K_MIN, _K_MAX, E8M0_BIAS)
+    if n_inexact:
         return None
-    g = g.reshape(()) if len(m.shape) != 3 else g
-    gs = torch.ldexp(torch.ones_like(g, dtype=torch.float32), g)
+    gs = gs.reshape(()) if len(m.shape) != 3 else gs
     q = Nvfp4Tensor(m.data, out.view(torch.float8_e4m3fn), gs, m.shape)
     return q, {"blocks": out.numel(), "exact_fraction": 1.0, "max_rel_err": 0.0, "mean_rel_err": 0.0}
 

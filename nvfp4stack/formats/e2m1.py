@@ -73,16 +73,43 @@ def e2m1_encode(y: torch.Tensor) -> torch.Tensor:
 
 _CHUNK_ELEMS = 1 << 17
 
+# Packing table: code c stored as c | c << 4, indexed by ``_pack_index`` (the bucket index with
+# "strictly inside the bucket" as its low bit, i.e. ``_build_lut``'s index with bit 0 flipped).
+_PACK_LUT = (_LUT * 17)[torch.arange(4096) ^ 1]
+_pack_lut_on: dict[torch.device, torch.Tensor] = {}
+
+
+def _pack_index(y: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """``_PACK_LUT`` index of fp32 ``y`` into int32 ``idx``; destroys ``y``. With f = bits >> 21
+    and c = (bits + 2^21 - 1) >> 21 (floor and ceil of bits / 2^21), f + c = 2f + (low 21 bits
+    != 0): five in-place integer passes, no bool temporaries or dtype conversions."""
+    b = y.view(torch.int32)
+    torch.add(b, 0x1FFFFF, out=idx).bitwise_right_shift_(21)   # no overflow: NaN bits never get here
+    return idx.add_(b.bitwise_right_shift_(21)).bitwise_and_(0xFFF)
+
 
 def encode_packed(xb: torch.Tensor, divisor: torch.Tensor) -> torch.Tensor:
     """Packed codes of ``xb / divisor``: xb [R, nb, B] (any float), divisor fp32 [R, nb, 1]
-    -> uint8 [R, nb*B/2]. On CPU, row chunks keep the fp32/int temporaries in cache (~2x)."""
+    -> uint8 [R, nb*B/2]. On CPU, row chunks through reused buffers keep every temporary in
+    cache and avoid fresh pages per op (~2x)."""
     rows, k = xb.shape[0], xb.shape[1] * xb.shape[2]
-    out = torch.empty((rows, k // 2), dtype=torch.uint8, device=xb.device)
-    step = rows if xb.is_cuda else max(1, _CHUNK_ELEMS // k)
+    dev = xb.device
+    if dev not in _pack_lut_on:
+        _pack_lut_on[dev] = _PACK_LUT.to(dev)
+    lut = _pack_lut_on[dev]
+    out = torch.empty((rows, k // 2), dtype=torch.uint8, device=dev)
+    step = max(1, rows if xb.is_cuda else _CHUNK_ELEMS // k)
+    y = torch.empty((min(step, rows), *xb.shape[1:]), dtype=torch.float32, device=dev)
+    idx = torch.empty(y.shape, dtype=torch.int32, device=dev)
+    twin = torch.empty(y.numel(), dtype=torch.uint8, device=dev)       # c | c << 4 per value
     for r in range(0, rows, step):
-        y = xb[r:r + step] / divisor[r:r + step]                         # fp32 [rows, nb, B]
-        out[r:r + step] = pack_e2m1(e2m1_encode(y).reshape(-1, k))
+        n = min(step, rows - r)
+        yn = torch.div(xb[r:r + n], divisor[r:r + n], out=y[:n])       # fp32, modelopt's x.float()/d
+        t = torch.index_select(lut, 0, _pack_index(yn, idx[:n]).view(-1), out=twin[:n * k])
+        # int16 word = twin(even) | twin(odd) << 8 (little-endian); >> 4 leaves c_even | c_odd << 4
+        # in its low byte, the sign-filled high byte is dropped by taking every other byte
+        t.view(torch.int16).bitwise_right_shift_(4)
+        out[r:r + n] = t.view(n, k)[:, 0::2]
     return out
 
 

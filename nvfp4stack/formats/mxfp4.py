@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from nvfp4stack.formats.amax import block_amax
 from nvfp4stack.formats.e2m1 import E2M1_MAX, decode_packed, encode_packed
 
 BLOCK = 32
@@ -81,10 +82,7 @@ def quantize_mxfp4(x: torch.Tensor, *, name: str = "tensor") -> Mxfp4Tensor:
         raise ValueError(f"{name}: expected last dimension a multiple of {BLOCK} (MXFP4 block), "
                          f"found shape {tuple(x.shape)}; pad K with zeros first")
     xb = x.reshape(*x.shape[:-1], -1, BLOCK)                            # [..., K/32, 32]
-    amax = xb.abs().amax(-1).float()
-    if not torch.isfinite(amax).all():
-        raise ValueError(f"{name}: contains NaN or Inf; MXFP4 cannot encode them. Fix the source "
-                         "tensor before quantizing")
+    amax = block_amax(x, BLOCK, name, "MXFP4")                           # fp32 [..., K/32]
     # modelopt MXFP4QTensor.quantize: smallest power of two with amax/2^e <= 6; zero -> 2^-127.
     e = torch.ceil(torch.clamp(torch.log2(amax / E2M1_MAX), min=-float(E8M0_BIAS)))
     k = x.shape[-1]

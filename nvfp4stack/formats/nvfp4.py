@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from nvfp4stack.formats.amax import block_amax
 from nvfp4stack.formats.e2m1 import E2M1_MAX, decode_packed, encode_packed
 
 BLOCK = 16
@@ -85,12 +86,7 @@ def _expand_global(gs: torch.Tensor, ndim: int) -> torch.Tensor:
 
 def nvfp4_block_amax(x: torch.Tensor, name: str = "tensor") -> torch.Tensor:
     """fp32 amax per 16-block [..., N, K/16]; raises on NaN/Inf anywhere in ``x``."""
-    bamax = x.reshape(*x.shape[:-1], -1, BLOCK).abs().amax(-1).float()
-    # amax propagates NaN and Inf, so a check on the small block tensor covers the whole input.
-    if not torch.isfinite(bamax).all():
-        raise ValueError(f"{name}: contains NaN or Inf; NVFP4 cannot encode them. Fix the "
-                         "source tensor (or calibration) before quantizing")
-    return bamax
+    return block_amax(x, BLOCK, name, "NVFP4")
 
 
 def nvfp4_global_scale(x: torch.Tensor, name: str = "tensor", *, block_amax=None) -> torch.Tensor:

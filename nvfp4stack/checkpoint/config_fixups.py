@@ -11,13 +11,13 @@ from __future__ import annotations
 import copy
 from typing import Callable, Iterable
 
+from nvfp4stack.models.dsv4_spec import DEFAULT_COMPRESS_RATES, ratios_from_layer_types
 from nvfp4stack.registry import Registry
 
 ConfigFixup = Callable[[dict], dict]
 CONFIG_FIXUPS: Registry[ConfigFixup] = Registry("config fixup")
 
 _RATIO_TO_TYPE = {0: "sliding_attention", 4: "compressed_sparse_attention", 128: "heavily_compressed_attention"}
-_DEFAULT_RATES = {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128}
 
 
 def _need(cfg: dict, key: str, fixup: str):
@@ -32,9 +32,8 @@ def legacy_compress_ratios(cfg: dict) -> dict:
     """Add ``compress_ratios`` (vLLM) from ``layer_types`` + ``compress_rates`` (transformers)."""
     out = copy.deepcopy(cfg)
     if "compress_ratios" not in out:
-        rates = out.get("compress_rates") or _DEFAULT_RATES
         types = _need(out, "layer_types", "legacy_compress_ratios")
-        out["compress_ratios"] = [0 if t == "sliding_attention" else int(rates[t]) for t in types]
+        out["compress_ratios"] = ratios_from_layer_types(types, out.get("compress_rates"))
     return out
 
 
@@ -63,7 +62,7 @@ def transformers_layer_types(cfg: dict) -> dict:
         if bad:
             raise ValueError(f"config.json compress_ratios: expected values in {sorted(_RATIO_TO_TYPE)}, found {bad}")
         out["layer_types"] = [_RATIO_TO_TYPE[r] for r in ratios]
-        out.setdefault("compress_rates", dict(_DEFAULT_RATES))
+        out.setdefault("compress_rates", dict(DEFAULT_COMPRESS_RATES))
     return out
 
 

@@ -83,14 +83,22 @@ def _block(c: dict, p: str, layer: int, ratio: int, hash_routed: bool, mtp: bool
         yield T(f"{p}.hc_{part}_scale", (3,), "mhc", dtype="f32", is_matrix=False)
 
 
+DEFAULT_COMPRESS_RATES = {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128}
+
+
+def ratios_from_layer_types(layer_types: list[str], rates: dict | None) -> list[int]:
+    """transformers' per-layer attention types -> vLLM's compress_ratios (0 = window only)."""
+    rates = rates or DEFAULT_COMPRESS_RATES
+    return [0 if t == "sliding_attention" else int(rates[t]) for t in layer_types]
+
+
 def compress_ratios(c: dict) -> list[int]:
     """Per-layer compress ratios, from the legacy list or from transformers' layer_types."""
     n = c["num_hidden_layers"]
     if "compress_ratios" in c:
         ratios = list(c["compress_ratios"])[:n]
     elif "layer_types" in c:
-        rates = c.get("compress_rates") or {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128}
-        ratios = [0 if t == "sliding_attention" else rates[t] for t in c["layer_types"]]
+        ratios = ratios_from_layer_types(c["layer_types"], c.get("compress_rates"))
     else:
         raise KeyError(
             "config.json has neither 'compress_ratios' nor 'layer_types'; DeepSeek-V4 needs one "

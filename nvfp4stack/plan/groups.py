@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import json
-import struct
 from pathlib import Path
 from typing import Iterator
 
+from nvfp4stack.checkpoint.safetensors_io import read_header
 from nvfp4stack.models.dsv4_spec import TensorGroup
 from nvfp4stack.plan.roles import is_mtp, role_of
 from nvfp4stack.schemes import Scheme
@@ -24,20 +24,6 @@ def group_name(tensor_name: str) -> tuple[str, str]:
     return tensor_name, ""
 
 
-def read_safetensors_header(path: Path) -> dict:
-    """The JSON header of one .safetensors file (names, dtypes, shapes) without reading data."""
-    with open(path, "rb") as f:
-        raw = f.read(8)
-        if len(raw) != 8:
-            raise ValueError(f"{path}: truncated safetensors file (no 8-byte header length); re-copy the shard")
-        (n,) = struct.unpack("<Q", raw)
-        if n > 100 * 2**20:
-            raise ValueError(f"{path}: header length {n} bytes is implausible; the file is corrupted, re-copy it")
-        header = json.loads(f.read(n))
-    header.pop("__metadata__", None)
-    return header
-
-
 def checkpoint_tensors(ckpt: Path) -> dict[str, dict]:
     """name -> {'dtype', 'shape', 'file'} for every tensor of a (sharded) safetensors checkpoint."""
     files = sorted(ckpt.glob("*.safetensors"))
@@ -45,7 +31,7 @@ def checkpoint_tensors(ckpt: Path) -> dict[str, dict]:
         raise FileNotFoundError(f"{ckpt}: no *.safetensors files; point model.path / checkpoint at a checkpoint dir")
     out: dict[str, dict] = {}
     for f in files:
-        for name, info in read_safetensors_header(f).items():
+        for name, info in read_header(f)[0].items():
             out[name] = {"dtype": info["dtype"], "shape": tuple(info["shape"]), "file": f.name}
     return out
 

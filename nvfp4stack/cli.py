@@ -126,6 +126,21 @@ def _recipe_override(args: list[str]) -> list[str]:
     return out
 
 
+def compose_config(*overrides: str):
+    """The typed RootConfig for CLI-style overrides (``recipe=X`` included) without running a command:
+    for notebooks, scripts and tests. Keys are checked like the CLI's."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from nvfp4stack.config import register_configs
+
+    check_override_keys(list(overrides))
+    register_configs()
+    args = [*_recipe_override(list(overrides)), f"hydra.searchpath=[file://{ROOT}]"]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        return OmegaConf.to_object(compose("config", overrides=args))
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in argv):

@@ -5,21 +5,16 @@ import subprocess
 import sys
 
 import pytest
-from omegaconf import OmegaConf
 
-from nvfp4stack.cli import CONF_DIR, RECIPES_DIR, ROOT, UsageError, check_override_keys, split_command
-from nvfp4stack.config import GROUPS, RootConfig, register_configs
+from nvfp4stack.cli import (CONF_DIR, RECIPES_DIR, ROOT, UsageError,
+                            check_override_keys, compose_config, split_command)
+from nvfp4stack.config import GROUPS, RootConfig
 
 RECIPES = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
 
 
 def compose(*overrides: str) -> RootConfig:
-    from hydra import compose as hydra_compose, initialize_config_dir
-
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        cfg = hydra_compose("config", overrides=[*overrides, "run_dir=/tmp/unused", f"hydra.searchpath=[file://{ROOT}]"])
-    return OmegaConf.to_object(cfg)
+    return compose_config(*overrides, "run_dir=/tmp/unused")
 
 
 def test_command_word_in_any_position():
@@ -47,7 +42,7 @@ def test_default_recipe_is_tiny_cpu():
 
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_every_recipe_composes_and_only_overrides(recipe):
-    cfg = compose(f"recipes@_global_={recipe}")
+    cfg = compose(f"recipe={recipe}")
     assert cfg.recipe == recipe
     text = (RECIPES_DIR / f"{recipe}.yaml").read_text()
     assert text.startswith("# @package _global_") or "# @package _global_" in text.splitlines()[0:5]
@@ -61,14 +56,14 @@ def test_every_group_option_composes():
 
 
 def test_recipe_requirements():
-    b200 = compose("recipes@_global_=dsv4_b200")
+    b200 = compose("recipe=dsv4_b200")
     assert (b200.model.name, b200.arch.name, b200.engine.tp, b200.engine.ep) == ("dsv4_pro", "sm100a", 8, True)
     assert b200.precision.attn.wo_a == "fp8_block" and b200.precision.compressor == "bf16"
     assert b200.precision.indexer.weights_proj == "bf16" and b200.precision.mtp == "passthrough"
     assert b200.engine.kv_cache_dtype == "fp8" and b200.engine.block_size == 256
     assert b200.engine.speculative.method == "mtp" and b200.engine.speculative.num_speculative_tokens == 2
     assert b200.backend.moe in ("flashinfer_trtllm", "cutedsl", "flashinfer_cutedsl")
-    h200 = compose("recipes@_global_=dsv4_h200")
+    h200 = compose("recipe=dsv4_h200")
     assert h200.arch.name == "sm90" and h200.backend.moe in ("triton_w4a16", "marlin")
 
 

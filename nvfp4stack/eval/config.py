@@ -15,6 +15,7 @@ class EvalConfig:
     tasks_file: str | None = None     # JSONL of {prompt, answer} for serve_task
     endpoint: str = "http://127.0.0.1:8000/v1"
     rel_tol: float = 1e-6             # serve_task: numeric answers match within this relative tolerance
+    reference_path: str | None = None  # BF16 checkpoint to compare against when model.source_format != bf16
 
     def __post_init__(self) -> None:
         if self.level not in EVAL_LEVELS:

@@ -16,7 +16,8 @@ from nvfp4stack.models.reference import apply_emulated_precision
 def end_to_end(ref_model, prec: EvalPrecision, batches: list[torch.Tensor], input_amax: dict[str, float]) -> dict:
     """Both models on the same prompts; NVFP4 (W4A4) inputs use static scales from ``input_amax``."""
     q_model = copy.deepcopy(ref_model)
-    apply_emulated_precision(q_model, prec.scheme_for, act_fake_quant=True, input_amax=input_amax)
+    apply_emulated_precision(q_model, prec.scheme_for, act_fake_quant=True, input_amax=input_amax,
+                             weight_fn=prec.weights.emulate)
     acc: dict[str, float] = {}
     for ids in tqdm(batches, desc="e2e", leave=False):
         ref = ref_model(input_ids=ids, use_cache=False).logits[0, :-1]      # [T-1, V]

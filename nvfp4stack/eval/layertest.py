@@ -1,10 +1,18 @@
 """Layer test: each module's output under its planned precision vs BF16, on captured real inputs.
 
+Weights are the plan's (``eval.weights.PlannedWeights``): a BF16 source quantized like modelopt's
+DSV4 export, a quantized source (the release) converted from its own bytes.
+
 Linears and routers: the module itself with its weight swapped for the emulated one (NVFP4 W4A4
-also fake-quantizes the input with a static scale calibrated on the same inputs). Routed experts:
-the MoE kernel backend's own forward (torch_emulation on CPU, triton_w4a16 on a GPU when
-``backend.moe`` says so) on NVFP4 weights quantized like modelopt's DSV4 export (w1/w3 share a
-global scale), against transformers' ``DeepseekV4Experts.forward``; per MoE layer and per expert.
+also fake-quantizes the input with a static scale calibrated on the same inputs). Routed experts,
+two rows:
+
+- ``routed_experts``: each expert projection (w1, w3, w2) as a module, like the linears: its GEMM on
+  the expert's captured tokens (w2 on the reference SwiGLU output), W4A4 inputs fake-quantized with
+  the expert's static scales;
+- ``routed_experts.mlp``: each expert's whole SwiGLU MLP through the MoE kernel backend's own forward
+  (torch_emulation on CPU, triton_w4a16 on a GPU when ``backend.moe`` says so; w1/w3 share a
+  global scale), against transformers' ``DeepseekV4Experts.forward``; also per MoE layer.
 """
 from __future__ import annotations
 
@@ -16,11 +24,12 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from nvfp4stack.checkpoint.layouts import native_expert_name
-from nvfp4stack.eval.capture import Captures, experts_modules, expert_act_amax, weight_modules
+from nvfp4stack.eval.capture import Captures, expert_act_amax, experts_modules, weight_modules
 from nvfp4stack.eval.metrics import compare
 from nvfp4stack.eval.precision import EvalPrecision
-from nvfp4stack.formats.nvfp4 import GLOBAL_DIVISOR, quantize_nvfp4
-from nvfp4stack.models.reference import fake_quant_act, emulate_weight
+from nvfp4stack.formats.nvfp4 import GLOBAL_DIVISOR
+from nvfp4stack.kernels.moe.torch_emulation import dequantize_expert
+from nvfp4stack.models.reference import fake_quant_act
 from nvfp4stack.schemes import Scheme
 
 _W = ("w1", "w2", "w3")
@@ -46,7 +55,7 @@ def linear_metrics(model, caps: Captures, prec: EvalPrecision) -> dict[str, dict
     for group, _, mod in tqdm(mods, desc="layertest linears", leave=False):
         xs = caps.linear[group]
         scheme = prec.scheme_for(group)
-        wq = emulate_weight(mod.weight.detach(), scheme, group)
+        wq = prec.weights.emulate(mod.weight.detach(), scheme, group)
         amax = max(float(x.abs().amax()) for x in xs)
         refs, outs = [], []
         for x in xs:
@@ -69,49 +78,68 @@ def _moe_kernel(moe_backend: str):
     return "torch_emulation", nvfp4_moe_forward
 
 
-def _nvfp4_experts_fn(mod, scheme: Scheme, hidden, idx, moe_backend: str):
-    """forward(x, ids, weights) of one experts module through the NVFP4 MoE kernel."""
-    w13_f = mod.gate_up_proj.detach().float()                          # [E, 2I, H]
-    w1, w3 = w13_f.chunk(2, dim=1)
-    gs13 = torch.maximum(w1.abs().flatten(1).amax(1), w3.abs().flatten(1).amax(1)) / GLOBAL_DIVISOR  # [E]
-    gs13 = torch.where(gs13 == 0, torch.ones_like(gs13), gs13)
-    w13 = quantize_nvfp4(w13_f, gs13, name=f"{mod._eval_prefix}.w13")
-    w2 = quantize_nvfp4(mod.down_proj.detach().float(), name=f"{mod._eval_prefix}.w2")
-    scales = {}
-    if scheme is Scheme.NVFP4:  # W4A4: static per-expert input scales (= amax / 2688)
-        a13, a2 = expert_act_amax(mod, hidden, idx)
-        scales = {"a13_scale": torch.where(a13 > 0, a13, torch.ones_like(a13)) / GLOBAL_DIVISOR,
-                  "a2_scale": torch.where(a2 > 0, a2, torch.ones_like(a2)) / GLOBAL_DIVISOR}
+def _act_scales(mod, hidden, idx) -> dict[str, torch.Tensor]:
+    """W4A4 static per-expert input scales (= calibrated amax / 2688) of w13 and w2."""
+    a13, a2 = expert_act_amax(mod, hidden, idx)
+    return {"a13_scale": torch.where(a13 > 0, a13, torch.ones_like(a13)) / GLOBAL_DIVISOR,
+            "a2_scale": torch.where(a2 > 0, a2, torch.ones_like(a2)) / GLOBAL_DIVISOR}
+
+
+def _nvfp4_experts_fn(mod, prec: EvalPrecision, scales: dict, moe_backend: str):
+    """(kernel name, forward(x, ids, weights), per-expert (w13, w2) getter) through the NVFP4 MoE kernel."""
+    w13, w2 = prec.weights.experts_nvfp4(mod._eval_prefix, mod.num_experts, mod.gate_up_proj, mod.down_proj)
+
+    def expert_weights(e: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return dequantize_expert(w13, e), dequantize_expert(w2, e)
+
     kernel_name, kernel = _moe_kernel(moe_backend)
     if kernel_name == "triton_w4a16":
         dev = torch.device("cuda")
-        w13, w2 = (type(t)(t.data.to(dev), t.scale.to(dev), t.global_scale.to(dev), t.shape) for t in (w13, w2))
-        scales = {}  # weight-only kernel
+        w13_d, w2_d = (type(t)(t.data.to(dev), t.scale.to(dev), t.global_scale.to(dev), t.shape) for t in (w13, w2))
 
-        def fn(x, ids, wts):
-            return kernel(x.to(dev), w13, w2, wts.to(dev), ids.to(dev), swiglu_limit=mod.limit).float().cpu()
+        def fn(x, ids, wts):  # weight-only kernel: no activation scales
+            return kernel(x.to(dev), w13_d, w2_d, wts.to(dev), ids.to(dev), swiglu_limit=mod.limit).float().cpu()
     else:
         def fn(x, ids, wts):
             return kernel(x, w13, w2, wts, ids, swiglu_limit=mod.limit, **scales)
-    return kernel_name, fn
+    return kernel_name, fn, expert_weights
 
 
 def _emulated_experts_fn(mod, layer: str, prec: EvalPrecision):
-    """forward of a copy of the experts module with each expert's weights emulated per its scheme."""
+    """forward and per-expert (w13, w2) getter of a copy of the experts module with each expert's
+    weights emulated per its scheme."""
     q = copy.deepcopy(mod)
+    emulate = prec.weights.emulate
     for e in range(mod.num_experts):
         s1, s2, s3 = (prec.scheme_for(native_expert_name(layer, e, w)) for w in _W)
         w1, w3 = mod.gate_up_proj[e].detach().chunk(2, dim=0)
-        q.gate_up_proj.data[e] = torch.cat([emulate_weight(w1, s1, native_expert_name(layer, e, "w1")),
-                                            emulate_weight(w3, s3, native_expert_name(layer, e, "w3"))])
-        q.down_proj.data[e] = emulate_weight(mod.down_proj[e].detach(), s2, native_expert_name(layer, e, "w2"))
-    return q.forward
+        q.gate_up_proj.data[e] = torch.cat([emulate(w1, s1, native_expert_name(layer, e, "w1")),
+                                            emulate(w3, s3, native_expert_name(layer, e, "w3"))])
+        q.down_proj.data[e] = emulate(mod.down_proj[e].detach(), s2, native_expert_name(layer, e, "w2"))
+    return q.forward, lambda e: (q.gate_up_proj[e].detach().float(), q.down_proj[e].detach().float())
+
+
+def _projection_metrics(mod, e: int, x: torch.Tensor, weights, scales: dict, prefix: str) -> dict[str, dict]:
+    """w1 / w3 / w2 of expert ``e`` as modules: the emulated GEMM against the reference one."""
+    q13, q2 = weights(e)
+    w13, w2 = mod.gate_up_proj[e].detach().float(), mod.down_proj[e].detach().float()
+    gu = x @ w13.T
+    h = mod._apply_gate(gu)
+    xq, hq = x, h
+    if scales:  # W4A4: static per-expert input scales, dynamic block scales
+        xq = fake_quant_act(x, float(scales["a13_scale"][e]) * GLOBAL_DIVISOR, f"{prefix}.{e}.w1.input")
+        hq = fake_quant_act(h, float(scales["a2_scale"][e]) * GLOBAL_DIVISOR, f"{prefix}.{e}.w2.input")
+    gu_q, inter = xq @ q13.T, w13.shape[0] // 2
+    return {"w1": compare(gu[:, :inter], gu_q[:, :inter], f"{prefix}.{e}.w1"),
+            "w3": compare(gu[:, inter:], gu_q[:, inter:], f"{prefix}.{e}.w3"),
+            "w2": compare(h @ w2.T, hq @ q2.T, f"{prefix}.{e}.w2")}
 
 
 @torch.no_grad()
 def experts_metrics(model, caps: Captures, prec: EvalPrecision, moe_backend: str,
                     layers: tuple[str, ...] | None = None) -> dict[str, dict]:
-    """layer -> {scheme, kernel, layer: metrics, per_expert: {e: metrics + tokens}} (``layers``: a subset)."""
+    """layer -> {scheme, kernel, layer: metrics, per_expert: {e: MLP metrics + tokens + gemm: {w1, w3,
+    w2: metrics}}} (``layers``: a subset)."""
     out = {}
     for layer, hf_name, mod in experts_modules(model):
         if layer not in caps.experts or (layers is not None and layer not in layers):
@@ -119,11 +147,12 @@ def experts_metrics(model, caps: Captures, prec: EvalPrecision, moe_backend: str
         hidden, idx, wts = caps.experts_cat(layer)
         schemes = {prec.scheme_for(native_expert_name(layer, e, w)) for e in range(mod.num_experts) for w in _W}
         scheme = schemes.pop() if len(schemes) == 1 else None
-        mod._eval_prefix = f"layers.{layer}.ffn.experts"
+        mod._eval_prefix = prefix = f"layers.{layer}.ffn.experts"
+        scales = _act_scales(mod, hidden, idx) if scheme is Scheme.NVFP4 else {}
         if scheme is not None and scheme.is_nvfp4:
-            kernel, q_fn = _nvfp4_experts_fn(mod, scheme, hidden, idx, moe_backend)
+            kernel, q_fn, weights = _nvfp4_experts_fn(mod, prec, scales, moe_backend)
         else:
-            kernel, q_fn = "emulated_weights", _emulated_experts_fn(mod, layer, prec)
+            kernel, (q_fn, weights) = "emulated_weights", _emulated_experts_fn(mod, layer, prec)
         entry = {"scheme": scheme.value if scheme else "mixed", "kernel": kernel,
                  "layer": compare(mod.forward(hidden, idx, wts), q_fn(hidden, idx, wts), hf_name), "per_expert": {}}
         for e in range(mod.num_experts):
@@ -134,18 +163,22 @@ def experts_metrics(model, caps: Captures, prec: EvalPrecision, moe_backend: str
             x = hidden[tok]
             ids, ones = torch.full((n, 1), e, dtype=idx.dtype), torch.ones((n, 1), dtype=wts.dtype)
             entry["per_expert"][str(e)] = {"tokens": n, **compare(mod.forward(x, ids, ones), q_fn(x, ids, ones),
-                                                                  f"{mod._eval_prefix}.{e}")}
+                                                                  f"{prefix}.{e}"),
+                                           "gemm": _projection_metrics(mod, e, x.float(), weights, scales, prefix)}
         out[layer] = entry
     return out
 
 
 def role_summary(linears: dict[str, dict], experts: dict[str, dict]) -> dict[str, dict]:
-    """role -> scheme, modules, cosine min/mean, SQNR min/mean, max_rel_err max (experts: per expert)."""
+    """role -> scheme, modules, cosine min/mean, SQNR min/mean, max_rel_err max (routed experts: per
+    expert projection, and per expert MLP as ``routed_experts.mlp``)."""
     rows: dict[str, list[dict]] = defaultdict(list)
     for m in linears.values():
         rows[m["role"]].append(m)
     for entry in experts.values():
-        rows["routed_experts"] += [{**m, "scheme": entry["scheme"]} for m in entry["per_expert"].values()]
+        for m in entry["per_expert"].values():
+            rows["routed_experts"] += [{**g, "scheme": entry["scheme"]} for g in m["gemm"].values()]
+            rows["routed_experts.mlp"].append({**m, "scheme": entry["scheme"]})
     out = {}
     for role, ms in sorted(rows.items()):
         schemes = sorted({m["scheme"] for m in ms})

@@ -1,15 +1,18 @@
 """Per tensor group precision for evaluation, from the plan's own resolution rules.
 
-Emulation needs only each group's *target* scheme (what the recipe stores) and its weight bytes;
-kernel choice and converters do not change the numbers being emulated. So the scheme map comes from
-the planner's ``resolve_target`` and hard rules directly, and the full plan (kernels, served scheme)
-is attached when it builds; when it does not (no kernel for this host, say), the reason is recorded.
+Emulation needs each group's *source* scheme (what the checkpoint stores) and *target* scheme (what
+the recipe stores); kernel choice does not change the numbers being emulated. So the scheme map comes
+from the planner's ``resolve_target`` and hard rules directly, and the full plan (kernels, served
+scheme) is attached when it builds; when it does not (no kernel for this host, say), the reason is
+recorded. The reference is always BF16: the checkpoint itself for a BF16 source, else
+``eval.reference_path`` (tiny_dsv4's own BF16 layout for ``model.source_format=official``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from nvfp4stack.eval.weights import PlannedWeights
 from nvfp4stack.models.resolve import model_dir
 from nvfp4stack.plan.memory import group_bytes
 from nvfp4stack.schemes import Scheme
@@ -25,6 +28,7 @@ class EvalPrecision:
     plan_gpu_bytes: float | None = None
     served: dict[str, str] = field(default_factory=dict)   # role -> served scheme, when the plan built
     plan_error: str | None = None
+    weights: PlannedWeights = field(default_factory=lambda: PlannedWeights({}, None))
 
     def scheme_for(self, group: str) -> Scheme:
         """Target of a native group; groups the plan does not know (none expected) stay bf16."""
@@ -38,18 +42,42 @@ class EvalPrecision:
         return {r: (s.pop() if len(s) == 1 else "mixed") for r, s in sorted(out.items())}
 
 
+def _checkpoint_dir(d: Path, key: str) -> Path:
+    if not (d / "config.json").exists() and (d / "bf16" / "config.json").exists():
+        d = d / "bf16"
+    if not (d / "config.json").exists():
+        raise FileNotFoundError(f"{key}={d}: no config.json; point it at a BF16 checkpoint dir")
+    return d
+
+
 def bf16_checkpoint_dir(cfg) -> Path:
-    """The directory holding the BF16 checkpoint's config.json (tiny_dsv4 keeps it under bf16/)."""
+    """The BF16 reference checkpoint (the directory holding its config.json)."""
+    ref = getattr(cfg.eval, "reference_path", None)
+    if ref:
+        return _checkpoint_dir(Path(ref).expanduser(), "eval.reference_path")
+    if cfg.model.source_format != "bf16":
+        if cfg.model.factory and not cfg.model.path:  # a factory model builds its BF16 layout too
+            return bf16_checkpoint_dir(replace(cfg, model=replace(cfg.model, source_format="bf16")))
+        raise FileNotFoundError(
+            f"model.source_format={cfg.model.source_format}: eval compares against BF16, and this checkpoint "
+            "is quantized; set eval.reference_path=<BF16 checkpoint dir of the same model>")
     d = model_dir(cfg.model, cfg.cache_dir)
     if d is None:
         raise FileNotFoundError(
             f"model {cfg.model.name}: eval needs weights, but the model is a weight-free descriptor; "
             "set model.path=<BF16 checkpoint dir> or use recipe=tiny_dsv4"
         )
-    if not (d / "config.json").exists() and (d / "bf16" / "config.json").exists():
-        d = d / "bf16"
-    if not (d / "config.json").exists():
-        raise FileNotFoundError(f"{d}: no config.json; model.path must be a BF16 checkpoint dir")
+    return _checkpoint_dir(d, "model.path")
+
+
+def source_checkpoint_dir(cfg, reference: Path) -> Path:
+    """Where the plan reads its source tensors: the model's checkpoint, or the reference when BF16."""
+    if cfg.model.source_format == "bf16":
+        return reference
+    d = model_dir(cfg.model, cfg.cache_dir)
+    if d is None:
+        raise FileNotFoundError(f"model {cfg.model.name}: model.source_format={cfg.model.source_format} needs "
+                                "the quantized checkpoint; set model.path=<its directory>")
     return d
 
 
@@ -59,15 +87,17 @@ def with_checkpoint(cfg, ckpt: Path):
 
 
 def eval_precision(cfg, ckpt: Path) -> EvalPrecision:
-    """Target scheme per tensor group for ``cfg.precision``, resolved like the plan does."""
+    """Source and target scheme per tensor group for ``cfg.precision``, resolved like the plan does
+    (``ckpt``: the BF16 reference)."""
     from nvfp4stack.arch import resolve
     from nvfp4stack.plan.build import plan_for_config, plan_groups
     from nvfp4stack.plan.planner import check_hard_rules, resolve_target
 
-    cfg = with_checkpoint(cfg, ckpt)
+    source_dir = source_checkpoint_dir(cfg, ckpt)
+    cfg = with_checkpoint(cfg, source_dir)
     p = cfg.precision
     _, groups = plan_groups(cfg)
-    targets, roles, nbytes = {}, {}, 0
+    targets, roles, sources, nbytes = {}, {}, {}, 0
     rules, role_schemes = list(p.rules), p.role_schemes()
     for g, source in groups:
         if not g.is_matrix:
@@ -75,10 +105,10 @@ def eval_precision(cfg, ckpt: Path) -> EvalPrecision:
         target = resolve_target(g, source, rules, role_schemes, p.mtp)
         check_hard_rules(g, source, target, cfg.model.family)
         # MTP groups keep their own row: transformers' forward has no MTP block to evaluate them in
-        targets[g.name], roles[g.name] = target, ("mtp" if g.mtp else g.role)
+        targets[g.name], roles[g.name], sources[g.name] = target, ("mtp" if g.mtp else g.role), source
         nbytes += group_bytes(g, target, p.fp8_scale_fmt == "ue8m0")
     nbytes += sum(group_bytes(g, s) for g, s in groups if not g.is_matrix)
-    out = EvalPrecision(targets, roles, nbytes)
+    out = EvalPrecision(targets, roles, nbytes, weights=PlannedWeights(sources, source_dir))
     try:
         plan = plan_for_config(cfg, arch=resolve(cfg.arch.name))
         out.plan_gpu_bytes = plan.gpu_bytes

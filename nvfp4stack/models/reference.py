@@ -91,7 +91,8 @@ def _experts_forward_emulated(self, hidden_states, top_k_index, top_k_weights):
 
 @torch.no_grad()
 def apply_emulated_precision(model, scheme_for: Callable[[str], Scheme], *, act_fake_quant: bool = False,
-                             input_amax: dict[str, float] | None = None) -> dict[str, Scheme]:
+                             input_amax: dict[str, float] | None = None,
+                             weight_fn: Callable[..., torch.Tensor] = emulate_weight) -> dict[str, Scheme]:
     """Swap every linear / router / routed-expert weight for its emulated ``scheme_for(native_group)``.
 
     Args:
@@ -100,6 +101,9 @@ def apply_emulated_precision(model, scheme_for: Callable[[str], Scheme], *, act_
             DSV4 export and vLLM's fused w13.
         act_fake_quant: also fake-quantize the inputs of NVFP4 (W4A4) weights; NVFP4_W4A16 never does.
         input_amax: native group -> calibrated activation amax; missing groups use the dynamic amax.
+        weight_fn: ``(w, scheme, name, global_scale=None) -> emulated w``; the default quantizes the
+            model's own (BF16) weight, ``eval.weights.PlannedWeights.emulate`` starts from the source
+            checkpoint's bytes.
     Returns:
         native group -> scheme applied.
     """
@@ -112,7 +116,7 @@ def apply_emulated_precision(model, scheme_for: Callable[[str], Scheme], *, act_
         if isinstance(mod, (torch.nn.Linear, DeepseekV4TopKRouter, DeepseekV4HashRouter)):
             group = hf_to_native(hf_name + ".weight")[: -len(".weight")]
             scheme = scheme_for(group)
-            mod.weight.copy_(emulate_weight(mod.weight, scheme, group))
+            mod.weight.copy_(weight_fn(mod.weight, scheme, group))
             applied[group] = scheme
             if act_fake_quant and scheme is Scheme.NVFP4 and isinstance(mod, torch.nn.Linear):
                 amax = input_amax.get(group)
@@ -129,8 +133,8 @@ def apply_emulated_precision(model, scheme_for: Callable[[str], Scheme], *, act_
                 if s1.is_nvfp4 and s3.is_nvfp4:  # shared global scale for the fused w13 GEMM
                     gs13 = torch.maximum(w1.abs().amax(), w3.abs().amax()).float() / GLOBAL_DIVISOR
                 mod.gate_up_proj[e].copy_(torch.cat(
-                    [emulate_weight(w1, s1, g1, gs13), emulate_weight(w3, s3, g3, gs13)], dim=0))
-                mod.down_proj[e].copy_(emulate_weight(mod.down_proj[e], s2, g2))
+                    [weight_fn(w1, s1, g1, gs13), weight_fn(w3, s3, g3, gs13)], dim=0))
+                mod.down_proj[e].copy_(weight_fn(mod.down_proj[e], s2, g2))
                 applied.update({g1: s1, g2: s2, g3: s3})
                 flags.append((act_fake_quant and s1 is Scheme.NVFP4, input_amax.get(g1),
                               act_fake_quant and s2 is Scheme.NVFP4, input_amax.get(g2)))

@@ -12,6 +12,10 @@
 Shapes keep what vLLM asserts (head_dim 512, qk_rope 64, index_head_dim 128, o_lora_rank % 128 == 0)
 and shrink the rest. Weights are heavy-tailed (Student-t) with a few outlier input channels per
 matrix and an init scale large enough that attention is far from uniform.
+
+Routed experts are FP4-QAT-faithful: DeepSeek-V4 trains its experts quantization-aware in FP4 and
+serves the released MXFP4 values as they are, so V4's BF16 expert weights lie on the MXFP4 grid
+(E2M1 x UE8M0 per 32). Layout (a) stores exactly those values; the release stores them losslessly.
 """
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ import torch
 
 from nvfp4stack.models.dsv4_spec import TensorGroup, dsv4_tensor_groups
 
-SPEC_VERSION = 2  # bump when the recipe below changes: it is part of the cache key
+SPEC_VERSION = 3  # bump when the recipe below changes: it is part of the cache key
 LAYOUTS = ("bf16", "release", "hf")
 
 # Roles stored as FP8 E4M3 + UE8M0 128x128 in the release (vLLM builds these with the FP8 config;
@@ -138,11 +142,22 @@ def _matrix(tg: TensorGroup, seed: int) -> torch.Tensor:
     return w
 
 
+def _on_mxfp4_grid(w: torch.Tensor, name: str) -> torch.Tensor:
+    """``w`` rounded to the MXFP4 grid (what FP4 QAT leaves in V4's experts), as exact BF16."""
+    from nvfp4stack.formats.mxfp4 import dequantize_mxfp4, quantize_mxfp4
+
+    q = quantize_mxfp4(w.to(torch.bfloat16), name=name)
+    return dequantize_mxfp4(q.data, q.scale, torch.bfloat16)
+
+
 def _tensor(tg: TensorGroup, cfg: dict, seed: int) -> tuple[str, torch.Tensor]:
     """(native tensor name, value in its layout-(a) dtype) for one group."""
     g = _gen(seed, tg.name)
     if tg.is_matrix:
-        return tg.name + ".weight", _matrix(tg, seed).to(torch.bfloat16)
+        w = _matrix(tg, seed)
+        if tg.role in RELEASE_MXFP4_ROLES:
+            return tg.name + ".weight", _on_mxfp4_grid(w, tg.name + ".weight")
+        return tg.name + ".weight", w.to(torch.bfloat16)
     leaf = tg.name.rsplit(".", 1)[-1]
     if tg.dtype == "i64":  # tid2eid: k distinct experts per token id, every expert reachable
         v, k = tg.shape

@@ -8,6 +8,7 @@ import os
 
 import pytest
 
+from nvfp4stack.cli import compose_config
 from nvfp4stack.engine.args import SERVER_MODULE, engine_cli_args, format_cli, server_argv, vllm_moe_backend
 from nvfp4stack.engine.config import EngineConfig, SpeculativeConfig
 from nvfp4stack.engine.plan_section import EnginePlan, engine_plan_from_config
@@ -24,16 +25,7 @@ DSV4_ENGINE = [
 
 
 def compose(*overrides):
-    from hydra import compose as hydra_compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
-    from nvfp4stack.cli import CONF_DIR, ROOT
-    from nvfp4stack.config import register_configs
-
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        cfg = hydra_compose("config", overrides=[*overrides, "run_dir=/tmp/unused", f"hydra.searchpath=[file://{ROOT}]"])
-    return OmegaConf.to_object(cfg)
+    return compose_config(*overrides, "run_dir=/tmp/unused")
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +53,7 @@ def fake_checkpoint(tmp_path, quant_cfg):
 @pytest.mark.parametrize("recipe,moe_flag,draft_moe", [("dsv4_b200", "flashinfer_trtllm", "flashinfer_trtllm"),
                                                        ("dsv4_h200", None, "marlin")])
 def test_dsv4_engine_args_accepted_by_vllm_parser(recipe, moe_flag, draft_moe, vllm_parser, tmp_path):
-    cfg = compose(f"recipes@_global_={recipe}", *DSV4_ENGINE)
+    cfg = compose(f"recipe={recipe}", *DSV4_ENGINE)
     plan = engine_plan_from_config(cfg)
     ckpt = fake_checkpoint(tmp_path, {"quant_method": "fp8", "moe_quant_algo": "NVFP4"})
     argv = server_argv(cfg.engine, model=str(ckpt), served_name=cfg.model.served_name, plan=plan)
@@ -88,9 +80,8 @@ def test_dsv4_engine_args_accepted_by_vllm_parser(recipe, moe_flag, draft_moe, v
 def test_dsv4_parsers_and_tokenizer_mode_are_registered_in_vllm():
     pytest.importorskip("vllm")
     from vllm.reasoning import ReasoningParserManager
-    from vllm.tool_parsers import ToolParserManager
-
     from vllm.tokenizers.registry import TokenizerRegistry
+    from vllm.tool_parsers import ToolParserManager
 
     assert "deepseek_v4" in ReasoningParserManager.list_registered()
     assert "deepseek_v4" in ToolParserManager.list_registered()

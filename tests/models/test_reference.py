@@ -57,9 +57,11 @@ def test_nvfp4_expert_emulation_is_modelopt_bit_exact_with_shared_w13_scale(bf16
 
 
 def test_w4a16_expert_output_cosine_on_random_activations(bf16_dir, seed):
-    """Per expert GEMM: cosine >= 0.99. The whole routed MoE (6 experts, SwiGLU, two GEMMs in
-    series) compounds two ~0.09 weight errors and lands near 0.987 on these Gaussian-like weights:
-    asserted >= 0.98 and printed."""
+    """Issue #4's acceptance: W4A16 expert-output cosine >= 0.99 on random activations, for each expert
+    GEMM and for the whole routed MoE (6 experts, SwiGLU, two GEMMs in series). The tiny model's
+    experts are on the MXFP4 grid like V4's FP4-QAT experts (NVFP4 weight error ~0.06); i.i.d.
+    Gaussian weights would give ~0.995 per GEMM but only ~0.986 through the MLP (0.989 even with
+    MSE-optimal block scales), which is why the grid matters here."""
     torch.manual_seed(seed)
     ref_m, emu_m = load_reference(bf16_dir), load_reference(bf16_dir)
     apply_emulated_precision(emu_m, _experts_only(Scheme.NVFP4_W4A16))
@@ -80,7 +82,7 @@ def test_w4a16_expert_output_cosine_on_random_activations(bf16_dir, seed):
     print(f"W4A16 cosine on random activations: worst expert GEMM {gemm_worst:.5f}, "
           f"worst routed-MoE output {moe_worst:.5f}")
     assert gemm_worst >= 0.99
-    assert moe_worst >= 0.98
+    assert moe_worst >= 0.99
 
 
 def test_w4a4_fake_quant_and_other_schemes(bf16_dir, seed):

@@ -7,19 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from nvfp4stack.cli import compose_config
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def compose(*overrides: str):
-    from hydra import compose as hydra_compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
-    from nvfp4stack.config import register_configs
-
-    register_configs()
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
-        cfg = hydra_compose("config", overrides=[*overrides, f"hydra.searchpath=[file://{ROOT}]", "command=eval"])
-    return OmegaConf.to_object(cfg)
+    return compose_config(*overrides, "command=eval")
 
 
 @pytest.fixture
@@ -33,7 +27,7 @@ def seed():
 def test_layertest_writes_metrics(tmp_path, seed):
     from nvfp4stack.tasks.eval import run
 
-    cfg = compose("recipes@_global_=tiny_dsv4", "eval.num_prompts=1", "eval.max_tokens=12", f"eval.seed={seed}",
+    cfg = compose("recipe=tiny_dsv4", "eval.num_prompts=1", "eval.max_tokens=12", f"eval.seed={seed}",
                   f"run_dir={tmp_path}")
     assert run(cfg) == 0
     m = json.loads((tmp_path / "metrics.json").read_text())
@@ -49,7 +43,7 @@ def test_layertest_writes_metrics(tmp_path, seed):
 def test_e2e_writes_metrics(tmp_path, seed):
     from nvfp4stack.tasks.eval import run
 
-    cfg = compose("recipes@_global_=tiny_dsv4", "eval.level=e2e", "eval.num_prompts=1", "eval.max_tokens=10",
+    cfg = compose("recipe=tiny_dsv4", "eval.level=e2e", "eval.num_prompts=1", "eval.max_tokens=10",
                   f"eval.seed={seed}", f"run_dir={tmp_path}")
     assert run(cfg) == 0
     e = json.loads((tmp_path / "metrics.json").read_text())["e2e"]
@@ -62,6 +56,6 @@ def test_e2e_writes_metrics(tmp_path, seed):
 def test_non_dsv4_model_is_refused_with_the_key(tmp_path):
     from nvfp4stack.tasks.eval import run
 
-    cfg = compose("recipes@_global_=tiny_cpu", f"run_dir={tmp_path}")
+    cfg = compose("recipe=tiny_cpu", f"run_dir={tmp_path}")
     with pytest.raises(ValueError, match="model.family"):
         run(cfg)

@@ -127,6 +127,9 @@ class BackendConfig:
     moe: str = "auto"
     linear: str = "auto"
     mtp_moe: str = "auto"   # the MTP draft's routed experts (vLLM speculative_config.moe_backend)
+    # triton_w4a16 only: keep an FP8 copy of the routed experts (+1 byte/weight, built at load) and
+    # run calls with >= 64 routed rows per expert on FP8 tensor cores (sm90+; bench/RESULTS.md)
+    moe_fp8_prefill: bool = False
 
 
 @dataclass

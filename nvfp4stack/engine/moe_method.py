@@ -39,32 +39,42 @@ def moe_forward_op(x: torch.Tensor, w13_data: torch.Tensor, w13_scale: torch.Ten
                    w2_data: torch.Tensor, w2_scale: torch.Tensor, w2_gs: torch.Tensor,
                    topk_weights: torch.Tensor, topk_ids: torch.Tensor, a13_scale: Optional[torch.Tensor],
                    a2_scale: Optional[torch.Tensor], swiglu_limit: Optional[float], activation: str,
-                   kernel: str) -> torch.Tensor:
+                   kernel: str, fp8_w13: Optional[torch.Tensor] = None, fp8_w13_scale: Optional[torch.Tensor] = None,
+                   fp8_w2: Optional[torch.Tensor] = None, fp8_w2_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Opaque op around the backend: vLLM's torch.compile traces the model in one graph, and the
-    emulation's data-dependent loop (experts that received tokens) must not be traced."""
+    emulation's data-dependent loop (experts that received tokens) must not be traced. The ``fp8_*``
+    tensors (triton_w4a16's FP8 prefill copy) switch the backend to ``mode="auto"``."""
     e, two_i, h_half = w13_data.shape
     w13 = Nvfp4Tensor(w13_data, w13_scale, w13_gs, (e, two_i, h_half * 2))
     w2 = Nvfp4Tensor(w2_data, w2_scale, w2_gs, (e, h_half * 2, two_i // 2))
+    extra = {}
+    if fp8_w13 is not None:
+        from nvfp4stack.kernels.moe.fp8_prefill import Fp8ExpertWeights
+
+        extra = {"mode": "auto", "fp8_weights": Fp8ExpertWeights(fp8_w13, fp8_w13_scale, fp8_w2, fp8_w2_scale)}
     return MOE_BACKENDS.get(kernel).forward(x, w13, w2, topk_weights, topk_ids, swiglu_limit=swiglu_limit,
-                                            a13_scale=a13_scale, a2_scale=a2_scale, activation=activation)
+                                            a13_scale=a13_scale, a2_scale=a2_scale, activation=activation, **extra)
 
 
 @moe_forward_op.register_fake
 def _(x, w13_data, w13_scale, w13_gs, w2_data, w2_scale, w2_gs, topk_weights, topk_ids, a13_scale,
-      a2_scale, swiglu_limit, activation, kernel):
+      a2_scale, swiglu_limit, activation, kernel, fp8_w13=None, fp8_w13_scale=None, fp8_w2=None, fp8_w2_scale=None):
     return torch.empty_like(x)
 
 
 class Nvfp4StackModelOptMoE(ModelOptNvFp4FusedMoE):
     """Routed experts kept packed NVFP4; ``apply`` calls the planned nvfp4stack backend."""
 
-    def __init__(self, quant_config, moe_config, *, kernel: str, scheme: Scheme, prefix: str):
+    def __init__(self, quant_config, moe_config, *, kernel: str, scheme: Scheme, prefix: str,
+                 fp8_prefill: bool = False):
         FusedMoEMethodBase.__init__(self, moe_config)  # skip vLLM's NVFP4 backend oracle
         self.quant_config = quant_config
         self.kernel = kernel
         MOE_BACKENDS.get(kernel)  # fail here, naming the valid backends, if the name is wrong
         self.scheme = scheme
         self.prefix = prefix
+        self.fp8_prefill = fp8_prefill  # triton_w4a16: FP8 copy built at load, used from 64 rows/expert
+        self.fp8 = None
         self.use_a16 = scheme is Scheme.NVFP4_W4A16
         self.per_token_activation = False
         self.use_global_sf = False
@@ -105,6 +115,10 @@ class Nvfp4StackModelOptMoE(ModelOptNvFp4FusedMoE):
                     raise ValueError(f"{p}.{name}: expected finite positive calibrated scales, found "
                                      f"{s.tolist()}; the checkpoint lacks input scales: serve it as "
                                      "nvfp4_w4a16 or re-calibrate")
+        if self.fp8_prefill:
+            from nvfp4stack.kernels.moe.fp8_prefill import prepare_fp8_experts
+
+            self.fp8 = prepare_fp8_experts(self.w13, self.w2)  # +1 byte/weight, once
 
     def apply(self, layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input):
         # Shared experts are run by vLLM's MoE runner (no internal modular kernel here).
@@ -121,4 +135,5 @@ class Nvfp4StackModelOptMoE(ModelOptNvFp4FusedMoE):
             self.w2.data, self.w2.scale, self.w2.global_scale, topk_weights, topk_ids,
             self.a13_scale, self.a2_scale, None if limit is None else float(limit),
             layer.activation.value, self.kernel,
+            *((self.fp8.w13, self.fp8.w13_scale, self.fp8.w2, self.fp8.w2_scale) if self.fp8 is not None else ()),
         )

@@ -15,6 +15,7 @@ import nvfp4stack.kernels.moe  # noqa: F401  (registers the MoE backends; light 
 from nvfp4stack.arch import resolve
 from nvfp4stack.kernels.base import LINEAR_BACKENDS, MOE_BACKENDS
 from nvfp4stack.kernels.select import select_backend
+from nvfp4stack.plan.planner import check_moe_fp8_prefill
 from nvfp4stack.plan.roles import role_of
 from nvfp4stack.schemes import Scheme
 
@@ -30,14 +31,15 @@ MTP_EXPERTS = "mtp:routed_experts"
 class EnginePlan:
     """Per module role: the scheme the kernel computes and the kernel backend name."""
 
-    roles: dict[str, dict] = field(default_factory=dict)  # role -> {"scheme": str, "kernel": str}
+    # role -> {"scheme": str, "kernel": str[, "fp8_prefill": bool]}
+    roles: dict[str, dict] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for role, entry in self.roles.items():
             where = f"{SECTION_KEY}.roles.{role}"
-            if set(entry) != {"scheme", "kernel"}:
-                raise ValueError(f"{where}: expected keys scheme and kernel, found {sorted(entry)}; "
-                                 "regenerate the engine args from the recipe")
+            if not {"scheme", "kernel"} <= set(entry) <= {"scheme", "kernel", "fp8_prefill"}:
+                raise ValueError(f"{where}: expected keys scheme, kernel (and fp8_prefill for routed experts), "
+                                 f"found {sorted(entry)}; regenerate the engine args from the recipe")
             Scheme.parse(entry["scheme"], where=f"{where}.scheme")
 
     def entry_for(self, prefix: str) -> dict | None:
@@ -111,6 +113,9 @@ def engine_plan_from_config(cfg) -> EnginePlan:
         kind = "moe" if role in MOE_ROLES else "linear"
         sel = select_backend(kind, getattr(cfg.backend, kind), arch, Scheme.parse(scheme, f"precision.{role}"))
         roles[role] = {"scheme": sel.served_scheme.value, "kernel": sel.backend}
+        if kind == "moe" and cfg.backend.moe_fp8_prefill:
+            check_moe_fp8_prefill(sel.backend, arch)
+            roles[role]["fp8_prefill"] = True
     mtp = mtp_expert_scheme(cfg)
     if cfg.engine.speculative.method == "mtp" and mtp not in (Scheme.BF16, Scheme.PASSTHROUGH):
         sel = select_backend("moe", cfg.backend.mtp_moe, arch, mtp, key="backend.mtp_moe")

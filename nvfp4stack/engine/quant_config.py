@@ -112,9 +112,10 @@ class Nvfp4StackConfig(QuantizationConfig):
                 from nvfp4stack.engine.moe_method import Nvfp4StackModelOptMoE
 
                 self._check_nvfp4_module(prefix)
-                scheme = Scheme(self.plan.entry_for(prefix)["scheme"])
+                entry = self.plan.entry_for(prefix)
                 return Nvfp4StackModelOptMoE(self.base, layer.moe_config, kernel=kernel,
-                                             scheme=scheme, prefix=prefix)
+                                             scheme=Scheme(entry["scheme"]), prefix=prefix,
+                                             fp8_prefill=bool(entry.get("fp8_prefill", False)))
         elif isinstance(layer, LinearBase):
             kernel = self.plan.own_kernel(prefix, "linear")
             if kernel is not None:

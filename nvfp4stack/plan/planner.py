@@ -1,6 +1,7 @@
 """Precision rules + arch + backends -> a plan: per tensor group, source -> target, converter, kernel."""
 from __future__ import annotations
 
+import math
 import warnings
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
@@ -174,6 +175,26 @@ def check_hard_rules(group: TensorGroup, source: Scheme, target: Scheme, family:
         )
 
 
+FP8_PREFILL_KERNEL = "triton_w4a16"
+
+
+def check_moe_fp8_prefill(kernel: str, arch: Arch) -> None:
+    """``backend.moe_fp8_prefill=true`` needs the triton_w4a16 MoE kernel on sm90 or later."""
+    if kernel != FP8_PREFILL_KERNEL:
+        raise PlanError(f"backend.moe_fp8_prefill=true: the FP8 prefill mode belongs to the {FP8_PREFILL_KERNEL} "
+                        f"MoE kernel, but the routed experts run on {kernel!r}. Fix: backend.moe={FP8_PREFILL_KERNEL}, "
+                        "or backend.moe_fp8_prefill=false")
+    if not arch.at_least(9, 0):
+        raise PlanError(f"backend.moe_fp8_prefill=true on {arch.name}: its grouped FP8 GEMM "
+                        "(torch._scaled_grouped_mm) needs sm90 or later. Fix: backend.moe_fp8_prefill=false")
+
+
+def fp8_prefill_bytes(group: TensorGroup) -> int:
+    """The FP8 copy of one routed-expert group: 1 byte per weight + one fp32 scale per output row."""
+    *lead, rows, _ = group.shape
+    return group.numel + 4 * rows * (math.prod(lead) if lead else 1)
+
+
 def build_plan(groups: Iterable[tuple[TensorGroup, Scheme]], *, model: str, family: str, arch: Arch,
                source_format: str, precision, backend, layout: Layout, fp8_ue8m0: bool = True) -> Plan:
     """Resolve every group. Raises PlanError / BackendError with the fix on a broken combination."""
@@ -207,8 +228,13 @@ def build_plan(groups: Iterable[tuple[TensorGroup, Scheme]], *, model: str, fami
                     selections[key] = select_backend(kind, choice, arch, target, key=f"backend.{cfg_key}")
                 served, kernel = selections[key].served_scheme, selections[key].backend
         nbytes = group_bytes(group, target, fp8_ue8m0)
+        gpu_bytes = nbytes
+        if getattr(backend, "moe_fp8_prefill", False) and group.role == "routed_experts" and not group.mtp \
+                and kernel != "unquantized":
+            check_moe_fp8_prefill(kernel, arch)
+            gpu_bytes += fp8_prefill_bytes(group)  # built at load, next to the NVFP4 bytes decode reads
         out.append(GroupPlan(group.name, group.role, group.mtp, source, target, served, converter, kernel,
-                             group.numel, nbytes, nbytes / shard_factor(group, layout), group.dtype))
+                             group.numel, nbytes, gpu_bytes / shard_factor(group, layout), group.dtype))
     plan = Plan(model, family, arch.name, source_format, layout, out,
                 selections={f"{k}:{s.value}": asdict(v) | {"served_scheme": v.served_scheme.value}
                             for (k, s), v in selections.items()})

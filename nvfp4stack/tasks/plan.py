@@ -74,6 +74,9 @@ def run(cfg) -> int:
         plan.warnings.append(msg)
         checks["moe"]["fallback"] = chosen
     print(format_plan(plan))
+    if cfg.backend.moe_fp8_prefill:
+        print("backend.moe_fp8_prefill=true: the routed experts' FP8 prefill copy (+1 byte/weight, built at load) "
+              "is included in the per-GPU bytes")
     hf = load_config_json(config_json_path(cfg.model, cfg.cache_dir))
     if cfg.model.family == "deepseek_v4":
         plan.kv_cache = kv_cache_report(hf, cfg.engine, cfg.arch, plan.gpu_bytes)

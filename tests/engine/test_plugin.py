@@ -11,6 +11,7 @@ from nvfp4stack.engine.plan_section import (
     QUANT_METHOD,
     SECTION_KEY,
     EnginePlan,
+    engine_plan_from_config,
     engine_plan_from_plan,
     quantization_config_with_plan,
 )
@@ -171,3 +172,56 @@ def _moe_config():
     from types import SimpleNamespace as NS
 
     return NS(is_act_and_mul=True)  # FusedMoEMethodBase only stores it
+
+
+def test_moe_method_fp8_prefill_builds_the_copy_once_and_hands_it_to_the_backend(registered, monkeypatch):
+    """backend.moe_fp8_prefill: the FP8 copy is built at load from the packed NVFP4 experts and reaches
+    the backend through the opaque op (``mode="auto"``). The backend here is a recorder that runs the
+    FP8 path's CPU twin: triton_w4a16 itself needs a GPU."""
+    from nvfp4stack.engine.moe_method import Nvfp4StackModelOptMoE
+    from nvfp4stack.formats.nvfp4 import quantize_nvfp4
+    from nvfp4stack.kernels.base import MOE_BACKENDS
+    from nvfp4stack.kernels.moe.fp8_prefill import fp8_moe_forward_emulated, prepare_fp8_experts
+    from nvfp4stack.schemes import Scheme
+
+    seen = {}
+
+    class Recorder:
+        @staticmethod
+        def forward(x, w13, w2, topk_weights, topk_ids, *, swiglu_limit=None, mode="w4a16", fp8_weights=None, **kw):
+            seen.update(mode=mode, fp8=fp8_weights)
+            return fp8_moe_forward_emulated(x, fp8_weights, topk_weights, topk_ids, swiglu_limit=swiglu_limit)
+
+    monkeypatch.setitem(MOE_BACKENDS._items, "fp8_recorder", Recorder)
+    g = torch.Generator().manual_seed(random.randrange(2**31))
+    E, H, I, T, K = 4, 64, 32, 7, 2
+    w13, w2 = quantize_nvfp4(torch.randn(E, 2 * I, H, generator=g)), quantize_nvfp4(torch.randn(E, H, I, generator=g))
+    layer = FakeExpertsLayer(w13, w2, torch.ones(E), torch.ones(E))
+    m = Nvfp4StackModelOptMoE.__new__(Nvfp4StackModelOptMoE)
+    Nvfp4StackModelOptMoE.__init__(m, None, _moe_config(), kernel="fp8_recorder", scheme=Scheme.NVFP4_W4A16,
+                                   prefix="model.layers.1.mlp.experts", fp8_prefill=True)
+    m.process_weights_after_loading(layer)
+    want_fp8 = prepare_fp8_experts(w13, w2)
+    for a, b in ((m.fp8.w13, want_fp8.w13), (m.fp8.w2_scale, want_fp8.w2_scale)):
+        assert torch.equal(a.view(torch.uint8) if a.dtype == torch.float8_e4m3fn else a,
+                           b.view(torch.uint8) if b.dtype == torch.float8_e4m3fn else b)
+    x = torch.randn(T, H, generator=g)
+    ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)])
+    wts = torch.rand(T, K, generator=g)
+    got = m.apply(layer, x, wts, ids, None, None)
+    assert seen["mode"] == "auto" and seen["fp8"].w13.data_ptr() == m.fp8.w13.data_ptr()
+    assert torch.equal(got, fp8_moe_forward_emulated(x, want_fp8, wts, ids)) and got.abs().sum() > 0
+
+
+def test_engine_plan_carries_fp8_prefill_for_triton_w4a16_only():
+    from nvfp4stack.cli import compose_config
+    from nvfp4stack.plan.planner import PlanError
+
+    cfg = compose_config("recipe=dsv4_h200", "backend.moe=triton_w4a16", "backend.moe_fp8_prefill=true", "run_dir=/tmp/x")
+    ep = engine_plan_from_config(cfg)
+    assert ep.roles["routed_experts"] == {"scheme": "nvfp4_w4a16", "kernel": "triton_w4a16", "fp8_prefill": True}
+    assert EnginePlan.from_dict(ep.to_dict()).roles == ep.roles  # survives the trip through --hf-overrides
+    with pytest.raises(PlanError, match="backend.moe_fp8_prefill"):
+        engine_plan_from_config(compose_config("recipe=dsv4_b200", "backend.moe_fp8_prefill=true", "run_dir=/tmp/x"))
+    with pytest.raises(ValueError, match="expected keys scheme, kernel"):
+        EnginePlan({"routed_experts": {"scheme": "nvfp4", "kernel": "triton_w4a16", "fp8": True}})

@@ -118,3 +118,21 @@ def test_bf16_experts_w1_w3_share_one_global_scale():
     assert by["layers.3.ffn.experts.5.w1"].converter == "w13_shared_global_scale"
     assert by["layers.3.ffn.experts.5.w3"].converter == "w13_shared_global_scale"
     assert by["layers.3.ffn.experts.5.w2"].converter == "bf16_to_nvfp4"
+
+
+def test_moe_fp8_prefill_adds_its_copy_to_gpu_bytes_and_needs_triton_w4a16_on_sm90():
+    from nvfp4stack.plan.planner import fp8_prefill_bytes
+
+    c = _config("dsv4_flash")
+    base = plan(c, arch="sm90", backend=BackendConfig(moe="triton_w4a16"), layout=Layout(tp=4, ep=True))
+    fp8 = plan(c, arch="sm90", backend=BackendConfig(moe="triton_w4a16", moe_fp8_prefill=True), layout=Layout(tp=4, ep=True))
+    experts = [g for g in fp8.groups if g.role == "routed_experts" and not g.mtp]
+    copy = sum(fp8_prefill_bytes(g) for g in dsv4_tensor_groups(c) if g.role == "routed_experts" and not g.mtp)
+    weights = sum(g.params for g in experts)
+    assert weights < copy < weights * 1.01  # 1 byte per weight + 4 bytes per row
+    assert fp8.gpu_bytes - base.gpu_bytes == pytest.approx(copy / 4, rel=1e-9)  # EP over 4 GPUs
+    assert fp8.total_bytes == base.total_bytes  # the checkpoint does not change
+    with pytest.raises(PlanError, match="belongs to the triton_w4a16 MoE kernel.*Fix: backend.moe=triton_w4a16"):
+        plan(c, arch="sm100a", backend=BackendConfig(moe="flashinfer_trtllm", moe_fp8_prefill=True))
+    with pytest.raises(PlanError, match="sm80: .*needs sm90 or later"):
+        plan(c, arch="sm80", backend=BackendConfig(moe="triton_w4a16", moe_fp8_prefill=True))

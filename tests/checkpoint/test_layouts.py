@@ -6,12 +6,7 @@ import torch
 
 from nvfp4stack.checkpoint import layouts as L
 from nvfp4stack.checkpoint.safetensors_io import ShardedReader
-from nvfp4stack.models.tiny_dsv4 import build_tiny_dsv4, layout_dir
-
-
-@pytest.fixture(scope="module")
-def root(tmp_path_factory):
-    return build_tiny_dsv4(tmp_path_factory.getbasetemp() / "tiny_dsv4_cache", seed=0)
+from nvfp4stack.models.tiny_dsv4 import layout_dir
 
 
 @pytest.fixture(scope="module")

@@ -10,16 +10,11 @@ import torch
 from nvfp4stack.checkpoint.safetensors_io import ShardedReader
 from nvfp4stack.eval.weights import PlannedWeights
 from nvfp4stack.models.reference import emulate_weight
-from nvfp4stack.models.tiny_dsv4 import build_tiny_dsv4, layout_dir
+from nvfp4stack.models.tiny_dsv4 import layout_dir
 from nvfp4stack.quantize.report import dequantize_group
 from nvfp4stack.schemes import Scheme
 
 WQB, W2 = "layers.1.attn.wq_b", "layers.2.ffn.experts.5.w2"
-
-
-@pytest.fixture(scope="module")
-def root(tmp_path_factory):
-    return build_tiny_dsv4(tmp_path_factory.getbasetemp() / "tiny_dsv4_cache", seed=0)
 
 
 @pytest.fixture(scope="module")

@@ -8,14 +8,14 @@ import torch
 import torch.nn.functional as F
 
 from nvfp4stack.models.reference import apply_emulated_precision, emulate_weight, load_reference
-from nvfp4stack.models.tiny_dsv4 import build_tiny_dsv4, layout_dir
+from nvfp4stack.models.tiny_dsv4 import layout_dir
 from nvfp4stack.plan.roles import role_of
 from nvfp4stack.schemes import Scheme
 
 
 @pytest.fixture(scope="module")
-def bf16_dir(tmp_path_factory):
-    return layout_dir(build_tiny_dsv4(tmp_path_factory.getbasetemp() / "tiny_dsv4_cache", seed=0), "bf16")
+def bf16_dir(root):
+    return layout_dir(root, "bf16")
 
 
 @pytest.fixture

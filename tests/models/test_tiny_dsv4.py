@@ -13,12 +13,6 @@ from nvfp4stack.plan.roles import role_of
 
 
 @pytest.fixture(scope="module")
-def root(tmp_path_factory):
-    # One build per test session: every test module points at the same cache dir.
-    return build_tiny_dsv4(tmp_path_factory.getbasetemp() / "tiny_dsv4_cache", seed=0)
-
-
-@pytest.fixture(scope="module")
 def cfg(root):
     return json.loads((layout_dir(root, "bf16") / "config.json").read_text())
 

@@ -9,14 +9,9 @@ import torch
 
 from nvfp4stack.checkpoint import modelopt_spec as spec
 from nvfp4stack.checkpoint.safetensors_io import ShardedReader
-from nvfp4stack.models.tiny_dsv4 import build_tiny_dsv4, layout_dir
+from nvfp4stack.models.tiny_dsv4 import layout_dir
 from nvfp4stack.quantize import calib_state as cs
 from nvfp4stack.quantize.dsv4_export import CalibratedExperts, export_dsv4
-
-
-@pytest.fixture(scope="module")
-def root(tmp_path_factory):
-    return build_tiny_dsv4(tmp_path_factory.getbasetemp() / "tiny_dsv4_cache", seed=0)
 
 
 @pytest.fixture(scope="module")

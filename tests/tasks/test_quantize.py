@@ -11,18 +11,13 @@ import torch
 from nvfp4stack.checkpoint import modelopt_spec as spec
 from nvfp4stack.checkpoint.safetensors_io import ShardedReader
 from nvfp4stack.config import ModelConfig, RootConfig
-from nvfp4stack.models.tiny_dsv4 import build_tiny_dsv4, layout_dir
+from nvfp4stack.models.tiny_dsv4 import layout_dir
 from nvfp4stack.quantize.config import QuantizeConfig
 from nvfp4stack.tasks import quantize as task
 
 pytestmark = pytest.mark.slow  # one modelopt calibration (~40 s on 2 cores) shared by the module
 
 CALIB = dict(calib_samples=8, calib_seq_len=64, calib_batch_size=4)
-
-
-@pytest.fixture(scope="module")
-def root(tmp_path_factory):
-    return build_tiny_dsv4(tmp_path_factory.getbasetemp() / "tiny_dsv4_cache", seed=0)
 
 
 def make_cfg(root, run_dir, **q):

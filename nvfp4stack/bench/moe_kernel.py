@@ -86,6 +86,8 @@ def _time_ms(fn, graph: bool, rep: int = 60) -> float:
 def _short(pair) -> str:
     """'BMxBNxBK/w<warps>/s<stages>/d<dequant>' for L1 (and L2 when it differs)."""
     def one(c):
+        if hasattr(c, "mrep"):  # triton_w4a16.DecodeConfig (Gluon mma.sync decode kernels)
+            return f"gluon t{c.block_t}/m{c.mrep}/k{c.block_k}/w{c.num_warps}/p{c.prefetch}"
         return f"{c.block_m}x{c.block_n}x{c.block_k}/w{c.num_warps}/s{c.num_stages}/d{c.deq}"
     return one(pair[0]) + ("" if pair[0] == pair[1] else "+" + one(pair[1]))
 
@@ -133,12 +135,18 @@ def bench_shape(args: MoeKernelBench, name: str, log) -> list[dict]:
                 fp8_weights=fp8w,
             )
 
-        heur = tw.pick_config(slots / e)
+        # what the forward picks: the Gluon decode kernels at <= 16 rows/expert, else Triton tiles
+        heur = tw.pick_decode(slots / e, hidden, inter, dev) or tw.pick_config(slots / e)
         graph = per_expert <= args.graph_max_per_expert
         t_ours = _time_ms(lambda: ours(heur), graph)
         best_cfg, t_best = heur, t_ours
+        t_triton_path = float("nan")
+        if isinstance(heur[0], tw.DecodeConfig):  # the Triton kernels at the same load, for reference
+            t_triton_path = _time_ms(lambda: ours(tw.pick_config(slots / e)), graph)
         if args.sweep:
-            for cand in tw.CANDIDATES + (tw.DIAG if args.diag else ()):
+            decode_cands = tuple(c for c in tw.DECODE_CANDIDATES if c[0].fits(hidden, inter)
+                                 and (c[0].block_t == 16) == (heur[0].block_m == 16)) if isinstance(heur[0], tw.DecodeConfig) else ()
+            for cand in tw.CANDIDATES + decode_cands + (tw.DIAG if args.diag else ()):
                 bm = cand[0].block_m
                 # M tiles far from the load (tiny at prefill, big at decode) are known losers
                 if cand == heur or bm > max(32, per_expert) or bm < min(64, per_expert // 4):
@@ -193,13 +201,15 @@ def bench_shape(args: MoeKernelBench, name: str, log) -> list[dict]:
             naive_ms=t_naive, fp8_ms=t_fp8, fp8_gemm_ms=t_fp8_gemm, fp8_tflops=flops / (t_fp8 * 1e-3) / 1e12,
             fp8_speedup=t_bf16 / t_fp8, auto=auto, auto_speedup=t_bf16 / t_auto,
             timing="graph" if graph else "eager", best_ms=t_best, best_cfg=_short(best_cfg),
+            triton_path_ms=t_triton_path,
         )
         log(
             f"[{name}] {per_expert:5d}/exp: ours {t_ours * 1e3:9.1f} us ({row['tbs']:.2f} TB/s, "
             f"{row['tflops']:.0f} TF/s) fp8 {t_fp8 * 1e3:9.1f} us x{row['fp8_speedup']:.2f} "
             f"(GEMMs only {t_fp8_gemm * 1e3:.1f} us) "
             f"bf16 {t_bf16 * 1e3:9.1f} us x{row['speedup']:.2f} auto={auto} "
-            f"best {t_best * 1e3:.1f} us {_short(best_cfg)}"
+            f"best {t_best * 1e3:.1f} us {_short(best_cfg)} [{_short(heur)}]"
+            + (f"; triton-path {t_triton_path * 1e3:.1f} us x{t_bf16 / t_triton_path:.2f}" if graph and t_triton_path == t_triton_path else "")
         )
         rows.append(row)
     del w13t, w2t

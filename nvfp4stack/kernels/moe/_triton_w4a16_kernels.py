@@ -209,3 +209,16 @@ def l2_combine_kernel(
     y = acc * gs * route_w[:, None]
     out_ptrs = out_ptr + slot[:, None].to(tl.int64) * stride_om + offs_n[None, :]
     tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=valid_m[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def topk_sum_kernel(rows_ptr, out_ptr, H, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
+    """out[t, :] = sum_j rows[t*TOP_K + j, :] in fp32, cast once: the top-k combine in one launch
+    (the torch form, sum(dtype=fp32) then .to(), is two)."""
+    t = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < H
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        acc += tl.load(rows_ptr + (t * TOP_K + j) * H + offs, mask=m, other=0.0).to(tl.float32)
+    tl.store(out_ptr + t * H + offs, acc.to(out_ptr.dtype.element_ty), mask=m)

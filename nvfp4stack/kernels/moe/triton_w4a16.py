@@ -5,6 +5,9 @@ Two launches over expert-aligned token blocks (routing.py):
   L2  h @ w2[e]^T * routing weight -> rows[T*k, H]; top-k rows summed per token.
 Weights stay packed; tiles are dequantized in registers. Triton is imported only when the
 kernel runs, so CPU hosts can import this module to register the backend.
+Decode loads (<= 16 routed rows per expert) on sm90 run the Gluon kernels of
+_w4a16_decode_gluon.py instead (weights as the mma.sync M side, operands built in registers, no
+shared memory); routing alignment is one Triton launch (routing_triton.py) up to 8192 slots.
 Prefill-heavy calls can instead run the FP8 tensor-core mode (fp8_prefill.py, ``mode``/``fp8_weights``).
 """
 from __future__ import annotations
@@ -17,6 +20,8 @@ import torch
 from nvfp4stack.arch import Arch
 from nvfp4stack.kernels.base import MOE_BACKENDS, KernelBackend, Verdict
 from nvfp4stack.kernels.moe.routing import align_by_expert
+from nvfp4stack.kernels.moe.routing_triton import MAX_SLOTS as ROUTING_TRITON_MAX_SLOTS
+from nvfp4stack.kernels.moe.routing_triton import align_by_expert_triton
 from nvfp4stack.kernels.moe.torch_emulation import check_moe_args
 from nvfp4stack.schemes import Scheme
 
@@ -60,6 +65,40 @@ class TileConfig:
         )
 
 
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Tile of the Gluon decode kernels (_w4a16_decode_gluon.py): weights as the mma.sync M side.
+
+    ``block_t`` tokens per routing block (the MMA's N: 8 or 16), ``mrep`` 16-row MMA tiles per
+    warp, so one program covers ``rows = 16 * num_warps * mrep`` weight rows (L1: rows/2 gate
+    and rows/2 up rows) and ``block_k`` of the reduction dim per step.
+    """
+
+    block_t: int
+    mrep: int
+    block_k: int
+    num_warps: int = 4
+    prefetch: int = 0  # 1: the next K step's weights are loaded before this step's math; 0: not
+
+    @property
+    def rows(self) -> int:
+        return 16 * self.num_warps * self.mrep
+
+    @property
+    def block_m(self) -> int:  # routing block, as TileConfig.block_m
+        return self.block_t
+
+    deq = 2  # PTX dequant (bench labels)
+
+    def fits(self, hidden: int, inter: int) -> bool:
+        return (hidden % self.block_k == 0 and inter % self.block_k == 0
+                and inter % (self.rows // 2) == 0 and hidden % self.rows == 0)
+
+    def __post_init__(self):
+        if self.prefetch not in (0, 1) or self.block_t not in (8, 16) or self.block_k % 64:
+            raise ValueError(f"DecodeConfig: prefetch 0|1, block_t 8|16, block_k a multiple of 64; got {self}")
+
+
 # Tile heuristics by average routed rows per expert. Decode is bound by weight bytes and by the
 # ALU work of dequantizing them: smallest legal M tile. Prefill is MMA bound: large M tiles so
 # each dequantized weight tile feeds more rows. Figures behind the choice: bench/moe_kernel_notes.md.
@@ -80,6 +119,29 @@ def pick_config(rows_per_expert: float) -> tuple[TileConfig, TileConfig]:
     return _PREFILL, _PREFILL
 
 
+# Decode (<= DECODE_MAX_ROWS_PER_EXPERT routed rows per expert) runs the Gluon mma.sync kernels
+# on sm90 when the shape fits their tiles; figures: bench/moe_kernel_notes.md.
+DECODE_MAX_ROWS_PER_EXPERT = 16
+_DECODE_T8 = DecodeConfig(block_t=8, mrep=2, block_k=128, num_warps=4, prefetch=1)
+_DECODE_T16 = DecodeConfig(block_t=16, mrep=2, block_k=128, num_warps=4, prefetch=0)
+
+
+def pick_decode(rows_per_expert: float, hidden: int, inter: int, device: torch.device) -> tuple[DecodeConfig, DecodeConfig] | None:
+    """(L1, L2) decode tiles, or None where the Triton kernels are used instead."""
+    if rows_per_expert > DECODE_MAX_ROWS_PER_EXPERT or device.type != "cuda":
+        return None
+    if torch.cuda.get_device_capability(device)[0] != 9:  # only run (and tested) on sm90
+        return None
+    cfg = _DECODE_T8 if rows_per_expert <= 8 else _DECODE_T16
+    if not cfg.fits(hidden, inter):
+        return None
+    try:
+        import triton.experimental.gluon  # noqa: F401  (Triton >= 3.6)
+    except ImportError:
+        return None
+    return cfg, cfg
+
+
 def _t(*a, **kw) -> tuple[TileConfig, TileConfig]:
     c = TileConfig(*a, **kw)
     return c, c
@@ -97,6 +159,12 @@ CANDIDATES: tuple[tuple[TileConfig, TileConfig], ...] = (
     _t(128, 64, 64, 4, 4),
     _t(128, 128, 64, 8, 4),
     (TileConfig(256, 64, 64, 8, 4), TileConfig(256, 128, 64, 8, 4)),
+)
+# Decode-kernel pairs the benchmark's --sweep tries (shapes permitting).
+DECODE_CANDIDATES: tuple[tuple[DecodeConfig, DecodeConfig], ...] = tuple(
+    (DecodeConfig(bt, m, bk, w, st), DecodeConfig(bt, m, bk, w, st))
+    for bt, m, bk, w, st in ((8, 1, 128, 4, 1), (8, 1, 128, 8, 1), (8, 1, 256, 8, 0), (8, 2, 128, 4, 1),
+                             (16, 2, 128, 4, 0), (16, 2, 128, 4, 1), (16, 2, 128, 8, 0))
 )
 # Diagnostics for --sweep --diag (WRONG numbers, never selected): same loads and MMAs, no dequant.
 DIAG = (_t(16, 64, 256, 4, 3, deq=9), _t(128, 64, 64, 4, 3, deq=9))
@@ -125,7 +193,7 @@ def nvfp4_moe_forward_triton(
     a13_scale: torch.Tensor | None = None,
     a2_scale: torch.Tensor | None = None,
     activation: str = "silu",
-    config: tuple[TileConfig, TileConfig] | None = None,
+    config: tuple[TileConfig, TileConfig] | tuple[DecodeConfig, DecodeConfig] | None = None,
     poison: bool = False,
     mode: str = "auto",
     fp8_weights: "Fp8ExpertWeights | None" = None,
@@ -133,7 +201,8 @@ def nvfp4_moe_forward_triton(
     """Same function as torch_emulation.nvfp4_moe_forward with bf16 activations.
 
     a13_scale / a2_scale are accepted and ignored: this path is weight-only, activations stay bf16.
-    ``config`` overrides the (L1, L2) tile heuristic (benchmark sweeps). ``poison`` fills the
+    ``config`` overrides the (L1, L2) tile heuristic (benchmark sweeps): TileConfig pairs run
+    the Triton kernels, DecodeConfig pairs the Gluon decode kernels. ``poison`` fills the
     scratch buffers with NaN first, so a test sees any element the kernels failed to write.
     ``mode``: 'w4a16', 'fp8' (FP8 tensor-core prefill on ``fp8_weights``, built once at load by
     fp8_prefill.prepare_fp8_experts) or 'auto' (fp8 from FP8_MIN_ROWS_PER_EXPERT routed rows per
@@ -158,12 +227,16 @@ def nvfp4_moe_forward_triton(
             xb, fp8_weights, topk_weights, topk_ids, swiglu_limit=swiglu_limit, poison=poison
         ).to(out_dtype)
 
-    from nvfp4stack.kernels.moe._triton_w4a16_kernels import l1_swiglu_kernel, l2_combine_kernel
-
-    cfg1, cfg2 = config or pick_config(tokens * top_k / num_experts)
-    if cfg1.block_m != cfg2.block_m:
-        raise ValueError(f"config: L1 and L2 share the routing blocks, found block_m {cfg1.block_m} != {cfg2.block_m}")
-    routing = align_by_expert(topk_ids, num_experts, cfg1.block_m)
+    rows_per_expert = tokens * top_k / num_experts
+    cfg1, cfg2 = config or pick_decode(rows_per_expert, hidden, inter, x.device) or pick_config(rows_per_expert)
+    if cfg1.block_m != cfg2.block_m or type(cfg1) is not type(cfg2):
+        raise ValueError(f"config: L1 and L2 share the routing blocks, found {cfg1} and {cfg2}")
+    decode = isinstance(cfg1, DecodeConfig)
+    if decode and not (cfg1.fits(hidden, inter) and cfg2.fits(hidden, inter)):
+        raise ValueError(f"config: decode tiles {cfg1} / {cfg2} do not divide hidden {hidden}, inter {inter}")
+    # one Triton launch instead of ~20 torch kernels where the slot count is decode-sized
+    align = align_by_expert_triton if tokens * top_k <= ROUTING_TRITON_MAX_SLOTS else align_by_expert
+    routing = align(topk_ids, num_experts, cfg1.block_m)
     w13_data, w13_scale = w13.data.contiguous(), w13.scale.contiguous().view(torch.uint8)
     w2_data, w2_scale = w2.data.contiguous(), w2.scale.contiguous().view(torch.uint8)
     gs13 = _global_scale_per_expert(w13, num_experts, "w13")
@@ -171,6 +244,16 @@ def nvfp4_moe_forward_triton(
 
     scratch = torch.full if poison else (lambda size, _fill, **kw: torch.empty(size, **kw))
     inter_buf = scratch((routing.sorted_ids.numel(), inter), float("nan"), dtype=torch.bfloat16, device=x.device)
+    rows = scratch((tokens * top_k, hidden), float("nan"), dtype=torch.bfloat16, device=x.device)
+    route_w = topk_weights.to(torch.float32).reshape(-1).contiguous()
+    limit = float(swiglu_limit) if swiglu_limit is not None else 0.0
+    if decode:
+        _launch_decode(cfg1, cfg2, xb, w13_data, w13_scale, gs13, w2_data, w2_scale, gs2, route_w,
+                       inter_buf, rows, routing, top_k, inter, hidden, limit, swiglu_limit is not None)
+        return _topk_sum(rows, tokens, top_k, hidden, out_dtype)
+
+    from nvfp4stack.kernels.moe._triton_w4a16_kernels import l1_swiglu_kernel, l2_combine_kernel
+
     grid1 = (routing.max_blocks * triton_cdiv(inter, cfg1.block_n),)
     l1_swiglu_kernel[grid1](
         xb, xb.stride(0),
@@ -180,13 +263,11 @@ def nvfp4_moe_forward_triton(
         inter_buf, inter_buf.stride(0),
         routing.sorted_ids, routing.expert_ids, routing.num_padded,
         routing.num_slots, top_k, inter, hidden, routing.max_blocks,
-        float(swiglu_limit) if swiglu_limit is not None else 0.0,
+        limit,
         HAS_LIMIT=swiglu_limit is not None,
         **cfg1.launch_args(hidden),
     )
 
-    rows = scratch((tokens * top_k, hidden), float("nan"), dtype=torch.bfloat16, device=x.device)
-    route_w = topk_weights.to(torch.float32).reshape(-1).contiguous()
     grid2 = (routing.max_blocks * triton_cdiv(hidden, cfg2.block_n),)
     l2_combine_kernel[grid2](
         inter_buf, inter_buf.stride(0),
@@ -198,8 +279,49 @@ def nvfp4_moe_forward_triton(
         routing.num_slots, hidden, inter, routing.max_blocks,
         **cfg2.launch_args(inter),
     )
-    # top-k combine in fp32, like vLLM's moe_sum
-    return rows.view(tokens, top_k, hidden).sum(dim=1, dtype=torch.float32).to(out_dtype)
+    return _topk_sum(rows, tokens, top_k, hidden, out_dtype)
+
+
+def _topk_sum(rows: torch.Tensor, tokens: int, top_k: int, hidden: int, out_dtype) -> torch.Tensor:
+    """Top-k combine in fp32 (like vLLM's moe_sum), one launch."""
+    from nvfp4stack.kernels.moe._triton_w4a16_kernels import topk_sum_kernel
+
+    out = torch.empty((tokens, hidden), dtype=out_dtype, device=rows.device)
+    block = 1024
+    topk_sum_kernel[(tokens, triton_cdiv(hidden, block))](rows, out, hidden, TOP_K=top_k, BLOCK=block, num_warps=4)
+    return out
+
+
+def _launch_decode(cfg1, cfg2, xb, w13_data, w13_scale, gs13, w2_data, w2_scale, gs2, route_w,
+                   inter_buf, rows, routing, top_k, inter, hidden, limit, has_limit) -> None:
+    from nvfp4stack.kernels.moe import _w4a16_decode_gluon as dg
+
+    def layouts(c: DecodeConfig) -> dict:
+        mma, w_bytes, w_blocks, x_l, extra = dg.decode_layouts(c.num_warps, c.mrep, c.block_t, c.block_k, c.prefetch)
+        return dict(MMA=mma, W_BYTES=w_bytes, W_BLOCKS=w_blocks, X_L=x_l, ROWS=c.rows, BT=c.block_t,
+                    BK=c.block_k, PREFETCH=c.prefetch, W32_L=extra, num_warps=c.num_warps)
+
+    nblocks = routing.max_blocks
+    dg.l1_swiglu_decode_kernel[(inter // (cfg1.rows // 2), nblocks)](
+        xb, xb.stride(0),
+        w13_data, w13_data.stride(0), w13_data.stride(1),
+        w13_scale, w13_scale.stride(0), w13_scale.stride(1),
+        gs13,
+        inter_buf, inter_buf.stride(0),
+        routing.sorted_ids, routing.expert_ids, routing.num_padded,
+        routing.num_slots, top_k, inter, hidden, limit,
+        HAS_LIMIT=has_limit, **layouts(cfg1),
+    )
+    dg.l2_decode_kernel[(hidden // cfg2.rows, nblocks)](
+        inter_buf, inter_buf.stride(0),
+        w2_data, w2_data.stride(0), w2_data.stride(1),
+        w2_scale, w2_scale.stride(0), w2_scale.stride(1),
+        gs2, route_w,
+        rows, rows.stride(0),
+        routing.sorted_ids, routing.expert_ids, routing.num_padded,
+        routing.num_slots, hidden, inter,
+        **layouts(cfg2),
+    )
 
 
 def triton_cdiv(a: int, b: int) -> int:

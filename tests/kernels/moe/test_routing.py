@@ -51,3 +51,46 @@ def test_alignment_invariants(tokens, top_k, experts, block_m):
 def test_rejects_flat_ids():
     with pytest.raises(ValueError, match="topk_ids"):
         align_by_expert(torch.zeros(6, dtype=torch.int64), 4, 16)
+
+
+_TRITON_CHECK = """
+import sys, torch
+from nvfp4stack.kernels.moe.routing import align_by_expert
+from nvfp4stack.kernels.moe.routing_triton import align_by_expert_triton
+dev = sys.argv[1]
+g = torch.Generator().manual_seed(int(sys.argv[2]))
+bad = []
+for tokens, k, e, bm in [(37, 6, 8, 16), (5, 2, 16, 8), (300, 4, 32, 8), (1, 1, 4, 16), (8, 4, 32, 8),
+                         (700, 8, 256, 16), (2048, 4, 32, 16), (3, 4, 32, 8)]:
+    probs = torch.rand(e, generator=g) ** 4
+    probs[0] = probs.sum() * 3
+    probs[-1] = 0
+    ids = torch.stack([torch.multinomial(probs, k, replacement=False, generator=g) for _ in range(tokens)])
+    for dt in (torch.int32, torch.int64):
+        i = ids.to(dt).to(dev)
+        a, b = align_by_expert(i, e, bm), align_by_expert_triton(i, e, bm)
+        if not (torch.equal(a.sorted_ids, b.sorted_ids) and torch.equal(a.expert_ids, b.expert_ids)
+                and torch.equal(a.num_padded, b.num_padded)):
+            bad.append((tokens, k, e, bm, dt))
+print("mismatches:", bad)
+sys.exit(1 if bad else 0)
+"""
+
+
+def test_triton_alignment_matches_torch():
+    """routing_triton.align_by_expert_triton: bit-identical to align_by_expert (GPU, or the
+    Triton interpreter on CPU in a subprocess)."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    seed = _seed()
+    if torch.cuda.is_available():
+        cmd, env = [sys.executable, "-c", _TRITON_CHECK, "cuda", str(seed)], dict(os.environ)
+    else:
+        cmd, env = [sys.executable, "-c", _TRITON_CHECK, "cpu", str(seed)], dict(os.environ, TRITON_INTERPRET="1")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    print(r.stdout[-2000:], r.stderr[-2000:])
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]

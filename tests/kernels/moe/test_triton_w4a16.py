@@ -100,7 +100,29 @@ def test_every_tile_config_small_ragged():
 
 @gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("tokens", [1, 3, 130, 1500])
+def test_decode_kernel_every_config_ragged():
+    """Gluon decode kernels (weights as the mma.sync M side): every candidate tile, ragged routing."""
+    from nvfp4stack.kernels.moe.triton_w4a16 import DECODE_CANDIDATES, pick_decode
+
+    g = _gen("cuda")
+    # hidden 1024 / inter 512: 1-4 K steps, fewer than some pipelines' depth; 37 tokens x 6 slots:
+    # one expert takes most (several token blocks of it), two experts none, partial last blocks
+    prob = _problem(g, experts=8, hidden=1024, inter=512, tokens=37, top_k=6)
+    failures = []
+    for cfg in DECODE_CANDIDATES:
+        if not cfg[0].fits(1024, 512):
+            continue
+        try:
+            _check(*prob, config=cfg, label="decode")
+        except AssertionError as exc:
+            failures.append(f"{cfg}: {exc}")
+    assert not failures, "\n".join(failures)
+    assert pick_decode(1, 4096, 2048, torch.device("cuda")) is not None or torch.cuda.get_device_capability()[0] != 9
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [1, 3, 40, 130, 1500])
 def test_dsv4_flash_shape_heuristic(tokens):
     g = _gen("cuda")
     prob = _problem(g, experts=32, hidden=4096, inter=2048, tokens=tokens, top_k=6)

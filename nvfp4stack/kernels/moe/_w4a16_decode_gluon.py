@@ -1,0 +1,308 @@
+"""Gluon decode kernels of the NVFP4 W4A16 MoE: dequantized weights feed mma.sync from registers.
+
+Imported lazily, GPU hosts only (Triton >= 3.6 with ``triton.experimental.gluon``).
+
+Why a second kernel: the Triton path (_triton_w4a16_kernels.py) has the tokens as the MMA's M
+side and the dequantized weight tile as B, which Triton stages through shared memory before
+every MMA; at decode that round trip alone caps it at 2.75x (Flash) / 3.4x (Pro) bf16.
+Here the operands are swapped (out^T = W x^T): weight rows are M (16-row mma.sync tiles), the
+8/16 tokens of one routing block are N, and both operands are built in registers in the exact
+mma.sync fragment layouts, so nothing goes through shared memory.
+
+The K order inside one BK tile is permuted, identically for both operands (a dot product does
+not care): thread t of a lane quad owns the contiguous real columns [t*BK/4, (t+1)*BK/4), so
+its weight bytes (16 for BK=128) and its activations (64 bytes) are single wide loads from the
+unmodified NVFP4 layout, and its e4m3 scales are BK/64 whole 16-element blocks. No repacking.
+
+L1 interleaves gate and up rows in each 16-row tile (rows 0-7 gate n..n+7, rows 8-15 up
+n..n+7), so a thread's accumulator holds gate and up of the same (n, token) and SwiGLU is
+computed in registers.
+
+Variants (PREFETCH): 0 loads each K step's tiles at the top of the step and relies on occupancy
+to hide latency; 1 loads the next step's weight words before this step's math (one step of
+register double buffering). A cp.async shared-memory ring of 2-4 stages was also tried and was
+20-50% slower (bench/moe_kernel_notes.md).
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+
+# tiles carry value * scale * 2**-8 (as in _triton_w4a16_kernels); the epilogue multiplies it back
+_TILE_UNSCALE = gl.constexpr(256.0)
+_TWO_POW_118 = gl.constexpr(3.3230699894622794e35)
+
+
+def _bits(n: int) -> list[int]:
+    out, b = [], 1
+    while b < n:
+        out.append(b)
+        b *= 2
+    return out
+
+
+def decode_layouts(num_warps: int, mrep: int, block_t: int, block_k: int, prefetch: int = 0):
+    """Register layouts (Gluon) for one CTA of ``num_warps`` warps, each warp ``mrep`` 16-row tiles.
+
+    Returns (mma, w_bytes [R, BK/2], w_blocks [R, BK/16, 8], x [BT, BK], extra) where extra is
+    (w32,): the weight tile as int32 words for the register-prefetch variant (prefetch == 1), else None.
+    """
+    assert block_k % 64 == 0 and block_t in (8, 16)
+    rows = 16 * num_warps * mrep
+    bpt = block_k // 8  # weight bytes per thread per row
+    mma = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, 8])
+    rep_rows = [[16 * num_warps * m, 0] for m in _bits(mrep)]
+    warps2 = [[16 * w, 0] for w in _bits(num_warps)]
+    w_bytes = gl.DistributedLinearLayout(
+        reg_bases=[[0, b] for b in _bits(bpt)] + [[8, 0]] + rep_rows,
+        lane_bases=[[0, bpt], [0, 2 * bpt], [1, 0], [2, 0], [4, 0]],
+        warp_bases=warps2, block_bases=[], shape=[rows, block_k // 2],
+    )
+    nbt = block_k // 64  # scale blocks per thread per row
+    w_blocks = gl.DistributedLinearLayout(
+        reg_bases=[[0, 0, 1], [0, 0, 2], [0, 0, 4]] + [[0, b, 0] for b in _bits(nbt)] + [[8, 0, 0]]
+        + [[r[0], 0, 0] for r in rep_rows],
+        lane_bases=[[0, nbt, 0], [0, 2 * nbt, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+        warp_bases=[[w[0], 0, 0] for w in warps2], block_bases=[], shape=[rows, block_k // 16, 8],
+    )
+    x = gl.DistributedLinearLayout(
+        reg_bases=[[0, b] for b in _bits(block_k // 4)] + ([[8, 0]] if block_t == 16 else []),
+        lane_bases=[[0, block_k // 4], [0, block_k // 2], [1, 0], [2, 0], [4, 0]],
+        warp_bases=[[0, 0] for _ in _bits(num_warps)], block_bases=[], shape=[block_t, block_k],
+    )
+    # the weight tile as 32-bit words (register-prefetch variant, prefetch == 1)
+    w32 = gl.DistributedLinearLayout(
+        reg_bases=[[0, b] for b in _bits(bpt // 4)] + [[8, 0]] + rep_rows,
+        lane_bases=[[0, bpt // 4], [0, bpt // 2], [1, 0], [2, 0], [4, 0]],
+        warp_bases=warps2, block_bases=[], shape=[rows, block_k // 8],
+    )
+    extra = (w32,) if prefetch == 1 else None
+    return mma, w_bytes, w_blocks, x, extra
+
+
+@gluon.jit
+def _e2m1x4_to_bf16(packed):
+    # same PTX as _triton_w4a16_kernels._e2m1x4_to_bf16 (value * 2**-126 bf16 bits)
+    return gl.inline_asm_elementwise(
+        asm="""
+        {
+        .reg .b32 w, v, t;
+        prmt.b32 w, $4, 0, 0x3120;
+        shl.b32 v, w, 12;
+        shr.b32 t, v, 6; and.b32 t, t, 0x01C001C0; and.b32 v, v, 0x80008000; or.b32 $0, v, t;
+        shl.b32 v, w, 4;
+        shr.b32 t, v, 6; and.b32 t, t, 0x01C001C0; and.b32 v, v, 0x80008000; or.b32 $1, v, t;
+        shl.b32 v, w, 8;
+        shr.b32 t, v, 6; and.b32 t, t, 0x01C001C0; and.b32 v, v, 0x80008000; or.b32 $2, v, t;
+        shr.b32 t, w, 6; and.b32 t, t, 0x01C001C0; and.b32 v, w, 0x80008000; or.b32 $3, v, t;
+        }
+        """,
+        constraints="=r,=r,=r,=r,r",
+        args=[packed],
+        dtype=(gl.bfloat16, gl.bfloat16),
+        is_pure=True,
+        pack=4,
+    )
+
+
+@gluon.jit
+def _to_mma_k(t, ROWS: gl.constexpr, BK: gl.constexpr):
+    """[ROWS, BK] in real K order -> [ROWS, BK] in mma K order (see module docstring).
+
+    real k = (BK/4)*q4 + 4*v + 2*d + e  ->  mma k = 16*v + 8*e + 2*q4 + d.
+    An mma register pair (mma k, k+1) is then (d = 0, 1): the low nibbles (e = 0) or the high
+    nibbles (e = 1) of two neighbouring bytes, which is how _e2m1x4_to_bf16 packs its outputs,
+    so the A operand needs no repacking; the activations (B) get one PRMT per register instead.
+    """
+    t = gl.reshape(t, [ROWS, 4, BK // 16, 2, 2])
+    t = gl.permute(t, [0, 2, 4, 1, 3])
+    return gl.reshape(t, [ROWS, BK])
+
+
+@gluon.jit
+def _dequant_a(w, sc, MMA: gl.constexpr, W_BLOCKS: gl.constexpr, ROWS: gl.constexpr, BK: gl.constexpr):
+    """packed [ROWS, BK/2] uint8 + bf16 scales [ROWS, BK/16] -> mma A operand [ROWS, BK] bf16."""
+    w3 = gl.convert_layout(gl.reshape(w, [ROWS, BK // 16, 8]), W_BLOCKS, assert_trivial=True)
+    lo, hi = _e2m1x4_to_bf16(w3)
+    s3 = gl.expand_dims(sc, 2)
+    lo = lo * s3
+    hi = hi * s3
+    a = gl.reshape(gl.join(lo, hi), [ROWS, BK])  # real K order
+    a = _to_mma_k(a, ROWS, BK)
+    return gl.convert_layout(a, gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2))
+
+
+@gluon.jit
+def _x_operand(x, MMA: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr):
+    xb = _to_mma_k(x, BT, BK)
+    return gl.convert_layout(gl.permute(xb, [1, 0]), gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2))
+
+
+@gluon.jit
+def _scales(sc):
+    return (sc.to(gl.float8e4nv, bitcast=True).to(gl.float32) * _TWO_POW_118).to(gl.bfloat16)
+
+
+@gluon.jit
+def _bytes_of(w32, W_BYTES: gl.constexpr, ROWS: gl.constexpr, BK: gl.constexpr):
+    """int32 words [ROWS, BK/8] -> their bytes [ROWS, BK/2] (little endian), registers unchanged.
+
+    A loop-carried uint8 tensor is kept as one register per byte and repacked for the PTX
+    dequant every step (~1 extra op per weight); carried as words it stays packed.
+    """
+    b0 = (w32 & 0xFF).to(gl.uint8)
+    b1 = ((w32 >> 8) & 0xFF).to(gl.uint8)
+    b2 = ((w32 >> 16) & 0xFF).to(gl.uint8)
+    b3 = ((w32 >> 24) & 0xFF).to(gl.uint8)
+    t = gl.join(gl.join(b0, b2), gl.join(b1, b3))
+    return gl.convert_layout(gl.reshape(t, [ROWS, BK // 2]), W_BYTES)
+
+
+@gluon.jit
+def _gemm_rows(
+    w_row_ptr,  # [ROWS] pointers (SliceLayout(1, W_BYTES)) to the first packed byte of each row
+    s_row_ptr,  # [ROWS] pointers (SliceLayout(1, SliceLayout(2, W_BLOCKS))) to each row's scales
+    x_row_ptr,  # [BT] pointers (SliceLayout(1, X_L)) to each token's activation row
+    x_mask,  # [BT] valid tokens
+    K,
+    MMA: gl.constexpr, W_BYTES: gl.constexpr, W_BLOCKS: gl.constexpr, X_L: gl.constexpr,
+    ROWS: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, PREFETCH: gl.constexpr, W32_L: gl.constexpr,
+):
+    S_L: gl.constexpr = gl.SliceLayout(2, W_BLOCKS)
+    offs_wb = gl.arange(0, BK // 2, layout=gl.SliceLayout(0, W_BYTES))
+    offs_sb = gl.arange(0, BK // 16, layout=gl.SliceLayout(0, S_L))
+    offs_xk = gl.arange(0, BK, layout=gl.SliceLayout(0, X_L))
+    w_ptrs = gl.expand_dims(w_row_ptr, 1) + gl.expand_dims(offs_wb, 0)
+    s_ptrs = gl.expand_dims(s_row_ptr, 1) + gl.expand_dims(offs_sb, 0)
+    x_ptrs = gl.expand_dims(x_row_ptr, 1) + gl.expand_dims(offs_xk, 0)
+    xm = gl.expand_dims(x_mask, 1)
+
+    acc = gl.zeros([ROWS, BT], gl.float32, layout=MMA)
+    if PREFETCH == 0:  # plain loads, latency hidden by occupancy only
+        for k0 in range(0, K, BK):
+            w = gl.load(w_ptrs + k0 // 2)
+            sc = _scales(gl.load(s_ptrs + k0 // 16))
+            x = gl.load(x_ptrs + k0, mask=xm, other=0.0)
+            acc = mma_v2(_dequant_a(w, sc, MMA, W_BLOCKS, ROWS, BK), _x_operand(x, MMA, BT, BK), acc)
+    elif PREFETCH == 1:  # register prefetch: step k+1's words are loaded before step k's math
+        W32: gl.constexpr = W32_L[0]
+        w32_row = gl.convert_layout(w_row_ptr, gl.SliceLayout(1, W32)).to(gl.pointer_type(gl.int32), bitcast=True)
+        w32_ptrs = gl.expand_dims(w32_row, 1) + gl.expand_dims(gl.arange(0, BK // 8, layout=gl.SliceLayout(0, W32)), 0)
+        w = gl.load(w32_ptrs)
+        sc = gl.load(s_ptrs)
+        for k0 in range(BK, K, BK):
+            x = gl.load(x_ptrs + (k0 - BK), mask=xm, other=0.0)  # L2-resident: not prefetched
+            w_n = gl.load(w32_ptrs + k0 // 8)
+            sc_n = gl.load(s_ptrs + k0 // 16)
+            a = _dequant_a(_bytes_of(w, W_BYTES, ROWS, BK), _scales(sc), MMA, W_BLOCKS, ROWS, BK)
+            acc = mma_v2(a, _x_operand(x, MMA, BT, BK), acc)
+            w = w_n
+            sc = sc_n
+        x = gl.load(x_ptrs + (K - BK), mask=xm, other=0.0)
+        a = _dequant_a(_bytes_of(w, W_BYTES, ROWS, BK), _scales(sc), MMA, W_BLOCKS, ROWS, BK)
+        acc = mma_v2(a, _x_operand(x, MMA, BT, BK), acc)
+    return acc
+
+
+@gluon.jit
+def l1_swiglu_decode_kernel(
+    x_ptr, stride_xm,  # [T, H] bf16
+    w_ptr, stride_we, stride_wn,  # [E, 2I, H/2] uint8
+    s_ptr, stride_se, stride_sn,  # [E, 2I, H/16] uint8
+    gs_ptr,  # [E] fp32
+    out_ptr, stride_om,  # [max_padded, I] bf16, rows in sorted-slot order
+    sorted_ids_ptr, expert_ids_ptr, num_padded_ptr,
+    num_slots, top_k, I, H, limit,
+    HAS_LIMIT: gl.constexpr,
+    MMA: gl.constexpr, W_BYTES: gl.constexpr, W_BLOCKS: gl.constexpr, X_L: gl.constexpr,
+    ROWS: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, PREFETCH: gl.constexpr, W32_L: gl.constexpr,
+):
+    # grid: (I // (ROWS/2), token blocks); the fast axis walks n so that neighbours share x
+    pid_n = gl.program_id(0)
+    pid_m = gl.program_id(1)
+    if pid_m * BT >= gl.load(num_padded_ptr):
+        return
+    expert = gl.load(expert_ids_ptr + pid_m).to(gl.int64)
+    if expert < 0:
+        return
+    HALF: gl.constexpr = ROWS // 2
+    n0 = pid_n * HALF
+
+    # token side
+    offs_t = pid_m * BT + gl.arange(0, BT, layout=gl.SliceLayout(1, X_L))
+    slot = gl.load(sorted_ids_ptr + offs_t)
+    valid = slot < num_slots
+    tok = (slot // top_k).to(gl.int64)
+    x_row = x_ptr + tok * stride_xm
+
+    # weight side: tile row r -> gate row n0 + 8*(r//16) + r%8 (r%16 < 8) or the matching up row
+    S_L: gl.constexpr = gl.SliceLayout(2, W_BLOCKS)
+    r_w = gl.arange(0, ROWS, layout=gl.SliceLayout(1, W_BYTES))
+    r_s = gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_L))
+    wrow_w = n0 + (r_w // 16) * 8 + r_w % 8 + ((r_w // 8) % 2) * I
+    wrow_s = n0 + (r_s // 16) * 8 + r_s % 8 + ((r_s // 8) % 2) * I
+    w_row = w_ptr + expert * stride_we + wrow_w.to(gl.int64) * stride_wn
+    s_row = s_ptr + expert * stride_se + wrow_s.to(gl.int64) * stride_sn
+
+    acc = _gemm_rows(w_row, s_row, x_row, valid, H, MMA, W_BYTES, W_BLOCKS, X_L, ROWS, BT, BK, PREFETCH, W32_L)
+
+    gs = gl.load(gs_ptr + expert) * _TILE_UNSCALE
+    acc = acc * gs
+    # output pointers in the accumulator layout, then split gate (rows r%16 < 8) from up
+    r_o = gl.arange(0, ROWS, layout=gl.SliceLayout(1, MMA))
+    t_o = pid_m * BT + gl.arange(0, BT, layout=gl.SliceLayout(0, MMA))
+    n_o = n0 + (r_o // 16) * 8 + r_o % 8
+    o_ptrs = out_ptr + gl.expand_dims(t_o.to(gl.int64) * stride_om, 0) + gl.expand_dims(n_o, 1)
+    acc4 = gl.permute(gl.reshape(acc, [ROWS // 16, 2, 8, BT]), [0, 2, 3, 1])
+    gate, up = gl.split(acc4)
+    p4 = gl.permute(gl.reshape(o_ptrs, [ROWS // 16, 2, 8, BT]), [0, 2, 3, 1])
+    p_gate, _ = gl.split(p4)
+    if HAS_LIMIT:
+        gate = gl.minimum(gate, limit)
+        up = gl.minimum(gl.maximum(up, -limit), limit)
+    h = gate / (1.0 + gl.exp(-gate)) * up
+    gl.store(p_gate, h.to(gl.bfloat16))
+
+
+@gluon.jit
+def l2_decode_kernel(
+    a_ptr, stride_am,  # [max_padded, I] bf16 from l1_swiglu_decode_kernel
+    w_ptr, stride_we, stride_wn,  # [E, H, I/2] uint8
+    s_ptr, stride_se, stride_sn,  # [E, H, I/16] uint8
+    gs_ptr,  # [E] fp32
+    topk_w_ptr,  # [T*k] fp32
+    out_ptr, stride_om,  # [T*k, H] bf16, one row per routed slot
+    sorted_ids_ptr, expert_ids_ptr, num_padded_ptr,
+    num_slots, H, I,
+    MMA: gl.constexpr, W_BYTES: gl.constexpr, W_BLOCKS: gl.constexpr, X_L: gl.constexpr,
+    ROWS: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, PREFETCH: gl.constexpr, W32_L: gl.constexpr,
+):
+    pid_n = gl.program_id(0)
+    pid_m = gl.program_id(1)
+    if pid_m * BT >= gl.load(num_padded_ptr):
+        return
+    expert = gl.load(expert_ids_ptr + pid_m).to(gl.int64)
+    if expert < 0:
+        return
+    n0 = pid_n * ROWS
+
+    offs_t = pid_m * BT + gl.arange(0, BT, layout=gl.SliceLayout(1, X_L))
+    # L1 wrote every row of this block (padding rows too): no token mask needed
+    a_row = a_ptr + offs_t.to(gl.int64) * stride_am
+    S_L: gl.constexpr = gl.SliceLayout(2, W_BLOCKS)
+    r_w = n0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, W_BYTES))
+    r_s = n0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_L))
+    w_row = w_ptr + expert * stride_we + r_w.to(gl.int64) * stride_wn
+    s_row = s_ptr + expert * stride_se + r_s.to(gl.int64) * stride_sn
+    acc = _gemm_rows(w_row, s_row, a_row, offs_t >= 0, I, MMA, W_BYTES, W_BLOCKS, X_L, ROWS, BT, BK, PREFETCH, W32_L)
+
+    gs = gl.load(gs_ptr + expert) * _TILE_UNSCALE
+    t_o = pid_m * BT + gl.arange(0, BT, layout=gl.SliceLayout(0, MMA))
+    slot = gl.load(sorted_ids_ptr + t_o)
+    valid = slot < num_slots
+    route_w = gl.load(topk_w_ptr + slot, mask=valid, other=0.0)
+    y = acc * gs * gl.expand_dims(route_w, 0)
+    n_o = n0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, MMA))
+    o_ptrs = out_ptr + gl.expand_dims(slot.to(gl.int64) * stride_om, 0) + gl.expand_dims(n_o, 1)
+    gl.store(o_ptrs, y.to(gl.bfloat16), mask=gl.expand_dims(valid, 0))

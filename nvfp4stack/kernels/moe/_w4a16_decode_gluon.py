@@ -29,6 +29,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
+# the PTX dequant (value * 2**-126 bf16 bits) of the Triton kernels, called from Gluon as is
+from nvfp4stack.kernels.moe._triton_w4a16_kernels import _e2m1x4_to_bf16
+
 # tiles carry value * scale * 2**-8 (as in _triton_w4a16_kernels); the epilogue multiplies it back
 _TILE_UNSCALE = gl.constexpr(256.0)
 _TWO_POW_118 = gl.constexpr(3.3230699894622794e35)
@@ -79,31 +82,6 @@ def decode_layouts(num_warps: int, mrep: int, block_t: int, block_k: int, prefet
     )
     extra = (w32,) if prefetch == 1 else None
     return mma, w_bytes, w_blocks, x, extra
-
-
-@gluon.jit
-def _e2m1x4_to_bf16(packed):
-    # same PTX as _triton_w4a16_kernels._e2m1x4_to_bf16 (value * 2**-126 bf16 bits)
-    return gl.inline_asm_elementwise(
-        asm="""
-        {
-        .reg .b32 w, v, t;
-        prmt.b32 w, $4, 0, 0x3120;
-        shl.b32 v, w, 12;
-        shr.b32 t, v, 6; and.b32 t, t, 0x01C001C0; and.b32 v, v, 0x80008000; or.b32 $0, v, t;
-        shl.b32 v, w, 4;
-        shr.b32 t, v, 6; and.b32 t, t, 0x01C001C0; and.b32 v, v, 0x80008000; or.b32 $1, v, t;
-        shl.b32 v, w, 8;
-        shr.b32 t, v, 6; and.b32 t, t, 0x01C001C0; and.b32 v, v, 0x80008000; or.b32 $2, v, t;
-        shr.b32 t, w, 6; and.b32 t, t, 0x01C001C0; and.b32 v, w, 0x80008000; or.b32 $3, v, t;
-        }
-        """,
-        constraints="=r,=r,=r,=r,r",
-        args=[packed],
-        dtype=(gl.bfloat16, gl.bfloat16),
-        is_pure=True,
-        pack=4,
-    )
 
 
 @gluon.jit
@@ -206,24 +184,26 @@ def _gemm_rows(
 
 
 @gluon.jit
+def _block_expert(expert_ids_ptr, num_padded_ptr, BT: gl.constexpr):
+    """(pid_n, pid_m, expert) of this program: expert < 0 where its routing block lies past
+    num_padded or holds no routed slot, and the kernel returns."""
+    pid_m = gl.program_id(1)
+    live = pid_m * BT < gl.load(num_padded_ptr)
+    expert = gl.load(expert_ids_ptr + pid_m, mask=live, other=-1).to(gl.int64)
+    return gl.program_id(0), pid_m, expert
+
+
+@gluon.jit
 def l1_swiglu_decode_kernel(
-    x_ptr, stride_xm,  # [T, H] bf16
-    w_ptr, stride_we, stride_wn,  # [E, 2I, H/2] uint8
-    s_ptr, stride_se, stride_sn,  # [E, 2I, H/16] uint8
-    gs_ptr,  # [E] fp32
-    out_ptr, stride_om,  # [max_padded, I] bf16, rows in sorted-slot order
-    sorted_ids_ptr, expert_ids_ptr, num_padded_ptr,
-    num_slots, top_k, I, H, limit,
+    # the operands of _triton_w4a16_kernels.l1_swiglu_kernel (shapes there), less max_blocks
+    x_ptr, stride_xm, w_ptr, stride_we, stride_wn, s_ptr, stride_se, stride_sn, gs_ptr, out_ptr, stride_om,
+    sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots, top_k, I, H, limit,
     HAS_LIMIT: gl.constexpr,
     MMA: gl.constexpr, W_BYTES: gl.constexpr, W_BLOCKS: gl.constexpr, X_L: gl.constexpr,
     ROWS: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, PREFETCH: gl.constexpr, W32_L: gl.constexpr,
 ):
     # grid: (I // (ROWS/2), token blocks); the fast axis walks n so that neighbours share x
-    pid_n = gl.program_id(0)
-    pid_m = gl.program_id(1)
-    if pid_m * BT >= gl.load(num_padded_ptr):
-        return
-    expert = gl.load(expert_ids_ptr + pid_m).to(gl.int64)
+    pid_n, pid_m, expert = _block_expert(expert_ids_ptr, num_padded_ptr, BT)
     if expert < 0:
         return
     HALF: gl.constexpr = ROWS // 2
@@ -267,22 +247,13 @@ def l1_swiglu_decode_kernel(
 
 @gluon.jit
 def l2_decode_kernel(
-    a_ptr, stride_am,  # [max_padded, I] bf16 from l1_swiglu_decode_kernel
-    w_ptr, stride_we, stride_wn,  # [E, H, I/2] uint8
-    s_ptr, stride_se, stride_sn,  # [E, H, I/16] uint8
-    gs_ptr,  # [E] fp32
-    topk_w_ptr,  # [T*k] fp32
-    out_ptr, stride_om,  # [T*k, H] bf16, one row per routed slot
-    sorted_ids_ptr, expert_ids_ptr, num_padded_ptr,
-    num_slots, H, I,
+    # the operands of _triton_w4a16_kernels.l2_combine_kernel (shapes there), less max_blocks
+    a_ptr, stride_am, w_ptr, stride_we, stride_wn, s_ptr, stride_se, stride_sn, gs_ptr, topk_w_ptr,
+    out_ptr, stride_om, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots, H, I,
     MMA: gl.constexpr, W_BYTES: gl.constexpr, W_BLOCKS: gl.constexpr, X_L: gl.constexpr,
     ROWS: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, PREFETCH: gl.constexpr, W32_L: gl.constexpr,
 ):
-    pid_n = gl.program_id(0)
-    pid_m = gl.program_id(1)
-    if pid_m * BT >= gl.load(num_padded_ptr):
-        return
-    expert = gl.load(expert_ids_ptr + pid_m).to(gl.int64)
+    pid_n, pid_m, expert = _block_expert(expert_ids_ptr, num_padded_ptr, BT)
     if expert < 0:
         return
     n0 = pid_n * ROWS

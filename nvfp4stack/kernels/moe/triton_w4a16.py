@@ -247,39 +247,29 @@ def nvfp4_moe_forward_triton(
     rows = scratch((tokens * top_k, hidden), float("nan"), dtype=torch.bfloat16, device=x.device)
     route_w = topk_weights.to(torch.float32).reshape(-1).contiguous()
     limit = float(swiglu_limit) if swiglu_limit is not None else 0.0
+    # operands shared by the Triton and the Gluon kernels (these take max_blocks / limit after them)
+    ids = (routing.sorted_ids, routing.expert_ids, routing.num_padded, routing.num_slots)
+    l1_args = (xb, xb.stride(0), *_weight_args(w13_data, w13_scale, gs13), inter_buf, inter_buf.stride(0),
+               *ids, top_k, inter, hidden)
+    l2_args = (inter_buf, inter_buf.stride(0), *_weight_args(w2_data, w2_scale, gs2), route_w, rows, rows.stride(0),
+               *ids, hidden, inter)
+    has_limit = swiglu_limit is not None
     if decode:
-        _launch_decode(cfg1, cfg2, xb, w13_data, w13_scale, gs13, w2_data, w2_scale, gs2, route_w,
-                       inter_buf, rows, routing, top_k, inter, hidden, limit, swiglu_limit is not None)
+        _launch_decode(cfg1, cfg2, l1_args, l2_args, routing.max_blocks, inter, hidden, limit, has_limit)
         return _topk_sum(rows, tokens, top_k, hidden, out_dtype)
 
     from nvfp4stack.kernels.moe._triton_w4a16_kernels import l1_swiglu_kernel, l2_combine_kernel
 
     grid1 = (routing.max_blocks * triton_cdiv(inter, cfg1.block_n),)
-    l1_swiglu_kernel[grid1](
-        xb, xb.stride(0),
-        w13_data, w13_data.stride(0), w13_data.stride(1),
-        w13_scale, w13_scale.stride(0), w13_scale.stride(1),
-        gs13,
-        inter_buf, inter_buf.stride(0),
-        routing.sorted_ids, routing.expert_ids, routing.num_padded,
-        routing.num_slots, top_k, inter, hidden, routing.max_blocks,
-        limit,
-        HAS_LIMIT=swiglu_limit is not None,
-        **cfg1.launch_args(hidden),
-    )
-
+    l1_swiglu_kernel[grid1](*l1_args, routing.max_blocks, limit, HAS_LIMIT=has_limit, **cfg1.launch_args(hidden))
     grid2 = (routing.max_blocks * triton_cdiv(hidden, cfg2.block_n),)
-    l2_combine_kernel[grid2](
-        inter_buf, inter_buf.stride(0),
-        w2_data, w2_data.stride(0), w2_data.stride(1),
-        w2_scale, w2_scale.stride(0), w2_scale.stride(1),
-        gs2, route_w,
-        rows, rows.stride(0),
-        routing.sorted_ids, routing.expert_ids, routing.num_padded,
-        routing.num_slots, hidden, inter, routing.max_blocks,
-        **cfg2.launch_args(inter),
-    )
+    l2_combine_kernel[grid2](*l2_args, routing.max_blocks, **cfg2.launch_args(inter))
     return _topk_sum(rows, tokens, top_k, hidden, out_dtype)
+
+
+def _weight_args(data: torch.Tensor, scale: torch.Tensor, global_scale: torch.Tensor) -> tuple:
+    """Packed [E, N, K/2] weights and [E, N, K/16] scales with their expert and row strides."""
+    return (data, data.stride(0), data.stride(1), scale, scale.stride(0), scale.stride(1), global_scale)
 
 
 def _topk_sum(rows: torch.Tensor, tokens: int, top_k: int, hidden: int, out_dtype) -> torch.Tensor:
@@ -292,8 +282,8 @@ def _topk_sum(rows: torch.Tensor, tokens: int, top_k: int, hidden: int, out_dtyp
     return out
 
 
-def _launch_decode(cfg1, cfg2, xb, w13_data, w13_scale, gs13, w2_data, w2_scale, gs2, route_w,
-                   inter_buf, rows, routing, top_k, inter, hidden, limit, has_limit) -> None:
+def _launch_decode(cfg1, cfg2, l1_args: tuple, l2_args: tuple, nblocks: int, inter: int, hidden: int,
+                   limit: float, has_limit: bool) -> None:
     from nvfp4stack.kernels.moe import _w4a16_decode_gluon as dg
 
     def layouts(c: DecodeConfig) -> dict:
@@ -301,27 +291,8 @@ def _launch_decode(cfg1, cfg2, xb, w13_data, w13_scale, gs13, w2_data, w2_scale,
         return dict(MMA=mma, W_BYTES=w_bytes, W_BLOCKS=w_blocks, X_L=x_l, ROWS=c.rows, BT=c.block_t,
                     BK=c.block_k, PREFETCH=c.prefetch, W32_L=extra, num_warps=c.num_warps)
 
-    nblocks = routing.max_blocks
-    dg.l1_swiglu_decode_kernel[(inter // (cfg1.rows // 2), nblocks)](
-        xb, xb.stride(0),
-        w13_data, w13_data.stride(0), w13_data.stride(1),
-        w13_scale, w13_scale.stride(0), w13_scale.stride(1),
-        gs13,
-        inter_buf, inter_buf.stride(0),
-        routing.sorted_ids, routing.expert_ids, routing.num_padded,
-        routing.num_slots, top_k, inter, hidden, limit,
-        HAS_LIMIT=has_limit, **layouts(cfg1),
-    )
-    dg.l2_decode_kernel[(hidden // cfg2.rows, nblocks)](
-        inter_buf, inter_buf.stride(0),
-        w2_data, w2_data.stride(0), w2_data.stride(1),
-        w2_scale, w2_scale.stride(0), w2_scale.stride(1),
-        gs2, route_w,
-        rows, rows.stride(0),
-        routing.sorted_ids, routing.expert_ids, routing.num_padded,
-        routing.num_slots, hidden, inter,
-        **layouts(cfg2),
-    )
+    dg.l1_swiglu_decode_kernel[(inter // (cfg1.rows // 2), nblocks)](*l1_args, limit, HAS_LIMIT=has_limit, **layouts(cfg1))
+    dg.l2_decode_kernel[(hidden // cfg2.rows, nblocks)](*l2_args, **layouts(cfg2))
 
 
 def triton_cdiv(a: int, b: int) -> int:

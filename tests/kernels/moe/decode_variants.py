@@ -2,7 +2,8 @@
 variants against the Triton path and bf16 ``torch._grouped_mm``, DSV4 Flash/Pro, 32 experts, top-4.
 
 Usage (repo root, GPU host): python3 tests/kernels/moe/decode_variants.py [--shapes flash,pro] [--tokens 1,4,16]
-Prints one line per measurement and a table last.
+Prints one line per measurement (with --split 1, also the per-kernel device times of the default
+and of the best variant: L1, L2, routing, top-k sum) and a table last.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ def main() -> int:
     p.add_argument("--tokens", default="1,4,16")
     p.add_argument("--rep", type=int, default=60)
     p.add_argument("--cands", default="all", help="'all' or comma list of indices into DECODE_CANDIDATES")
+    p.add_argument("--split", type=int, default=1, help="1: profile L1/L2 kernel times of auto and the best variant")
     a = p.parse_args()
     print(f"{torch.cuda.get_device_name(0)} torch {torch.__version__} triton {triton.__version__}", flush=True)
     dev = torch.device("cuda")
@@ -91,6 +93,16 @@ def main() -> int:
                 print(f"{name} {per_expert:3d}/exp {label:22s} {t * 1e3:8.1f} us  x{t_bf16 / t:.2f} vs bf16 "
                       f"{t_bf16 * 1e3:.1f} us  rel err {err:.2e} {'ok' if ok else 'BAD'}", flush=True)
                 row[label] = (t, err, ok)
+            # per-kernel device time (eager launches under the profiler): L1 vs L2 vs routing/sum
+            dec = {k_: v for k_, v in row.items() if k_.startswith("d") and v[2]}
+            if dec and a.split:
+                best = min(dec.items(), key=lambda kv: kv[1][0])[0]
+                for label, cfg in (("auto", None), (best, dict(variants)[best])):
+                    try:
+                        row[f"split {label}"] = kernel_split(lambda: ours(cfg))
+                    except Exception as exc:  # diagnostics only
+                        row[f"split {label}"] = f"profiler failed: {type(exc).__name__}: {str(exc)[:120]}"
+                    print(f"{name} {per_expert:3d}/exp {label:22s} per kernel (us): {row[f'split {label}']}", flush=True)
             table.append(row)
         torch.cuda.empty_cache()
     print("\n| shape | tok/exp | bf16 us | triton us (x) | auto us (x) | best decode variant us (x) |")
@@ -103,7 +115,30 @@ def main() -> int:
             return f"{v[0] * 1e3:.1f} ({r['bf16'] / v[0]:.2f}x)" if v else ""
         print(f"| {r['shape']} | {r['tok']} | {r['bf16'] * 1e3:.1f} | {cell(r.get('triton'))} | {cell(r.get('auto'))} | "
               f"{best[0] + ' ' + cell(best[1]) if best else ''} |")
+    print("\nevery variant, us (x bf16):")
+    for r in table:
+        print(f"{r['shape']} {r['tok']}: " + "; ".join(
+            f"{k_} {v[0] * 1e3:.1f} ({r['bf16'] / v[0]:.2f}x){'' if v[2] else ' BAD'}"
+            for k_, v in r.items() if isinstance(v, tuple)))
     return 0
+
+
+def kernel_split(fn, iters: int = 30) -> str:
+    """Mean device time per call of each kernel fn launches (torch.profiler, eager launches)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    tot: dict[str, float] = {}
+    for ev in prof.events():
+        if str(getattr(ev, "device_type", "")).endswith("CUDA"):  # kernels (device-side events)
+            key = ev.name.split("(")[0][:40]
+            tot[key] = tot.get(key, 0.0) + ev.time_range.elapsed_us()
+    return ", ".join(f"{k} {v / iters:.1f}" for k, v in sorted(tot.items(), key=lambda kv: -kv[1]) if v / iters >= 0.5)
 
 
 if __name__ == "__main__":

@@ -213,7 +213,7 @@ def build_plan(groups: Iterable[tuple[TensorGroup, Scheme]], *, model: str, fami
             # Fused gate_up kernels read one global scale for w1 and w3 (vLLM keeps w1's and
             # warns otherwise): quantize the pair together under max(gs1, gs3).
             converter = "w13_shared_global_scale"
-        served, kernel = target, "-"
+        served, kernel, fp8_copy = target, "-", False
         if group.is_matrix:
             if target is Scheme.BF16:
                 kernel = "unquantized"
@@ -226,13 +226,13 @@ def build_plan(groups: Iterable[tuple[TensorGroup, Scheme]], *, model: str, fami
                 if key not in selections:
                     choice = getattr(backend, cfg_key)
                     selections[key] = select_backend(kind, choice, arch, target, key=f"backend.{cfg_key}")
+                    if cfg_key == "moe" and backend.moe_fp8_prefill:
+                        check_moe_fp8_prefill(selections[key].backend, arch)
                 served, kernel = selections[key].served_scheme, selections[key].backend
+                # the routed experts' FP8 prefill copy, built at load next to the NVFP4 bytes decode reads
+                fp8_copy = cfg_key == "moe" and backend.moe_fp8_prefill
         nbytes = group_bytes(group, target, fp8_ue8m0)
-        gpu_bytes = nbytes
-        if getattr(backend, "moe_fp8_prefill", False) and group.role == "routed_experts" and not group.mtp \
-                and kernel != "unquantized":
-            check_moe_fp8_prefill(kernel, arch)
-            gpu_bytes += fp8_prefill_bytes(group)  # built at load, next to the NVFP4 bytes decode reads
+        gpu_bytes = nbytes + (fp8_prefill_bytes(group) if fp8_copy else 0)
         out.append(GroupPlan(group.name, group.role, group.mtp, source, target, served, converter, kernel,
                              group.numel, nbytes, gpu_bytes / shard_factor(group, layout), group.dtype))
     plan = Plan(model, family, arch.name, source_format, layout, out,

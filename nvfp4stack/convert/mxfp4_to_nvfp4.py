@@ -48,7 +48,8 @@ def _fast_path(m: Mxfp4Tensor) -> tuple[Nvfp4Tensor, dict] | None:
         return None
     gs = gs.reshape(()) if len(m.shape) != 3 else gs
     q = Nvfp4Tensor(m.data, out.view(torch.float8_e4m3fn), gs, m.shape)
-    return q, {"blocks": out.numel(), "exact_fraction": 1.0, "max_rel_err": 0.0, "mean_rel_err": 0.0}
+    return q, {"blocks": out.numel(), "inexact_blocks": 0, "exact_fraction": 1.0, "max_rel_err": 0.0,
+               "mean_rel_err": 0.0}
 
 
 def _use_triton(t: torch.Tensor) -> bool:
@@ -84,7 +85,8 @@ def mxfp4_to_nvfp4(m: Mxfp4Tensor) -> tuple[Nvfp4Tensor, dict]:
         requant = e2m1_encode(e2m1_decode(cb) * shift)
         data = pack_e2m1(torch.where(exact.unsqueeze(-1), cb, requant).reshape(codes.shape))
     q = Nvfp4Tensor(data, scale, gs, m.shape)
-    report = {"blocks": int(exact.numel()), "exact_fraction": 1.0 - n_inexact / max(exact.numel(), 1),
+    report = {"blocks": int(exact.numel()), "inexact_blocks": n_inexact,
+              "exact_fraction": 1.0 - n_inexact / max(exact.numel(), 1),
               "max_rel_err": 0.0, "mean_rel_err": 0.0}
     if n_inexact:
         ref, got = m.dequantize(torch.float32), q.dequantize(torch.float32)

@@ -50,7 +50,7 @@ class PlannedWeights:
 
     def cast(self, m: Mxfp4Tensor) -> Nvfp4Tensor:
         q, rep = mxfp4_to_nvfp4(m)
-        self.inexact_blocks += round(rep["blocks"] * (1.0 - rep["exact_fraction"]))
+        self.inexact_blocks += rep["inexact_blocks"]
         return q
 
     def emulate(self, w: torch.Tensor, scheme: Scheme, name: str,

@@ -45,8 +45,7 @@ class CastExperts:
         group = {"weight": self.base.get(path + ".weight"), "scale": self.base.get(path + ".scale"),
                  "input_scale": (self.input_amax(path).float() / GLOBAL_DIVISOR).reshape(())}
         out = self.to_nvfp4.convert(group, path)
-        self.stats["inexact_blocks"] = self.stats.get("inexact_blocks", 0) + round(
-            (1.0 - self.to_nvfp4.report["exact_fraction"]) * self.to_nvfp4.report["blocks"])
+        self.stats["inexact_blocks"] = self.stats.get("inexact_blocks", 0) + self.to_nvfp4.report["inexact_blocks"]
         return out
 
     def __call__(self, path: str) -> dict[str, torch.Tensor]:

@@ -37,7 +37,7 @@ def test_mxfp4_to_nvfp4_exact(seed, make_weights):
     # the release stores int8 data and float8_e8m0fnu scales
     out = c.convert({"weight": m.data.view(torch.int8), "scale": m.scale.view(torch.float8_e8m0fnu)}, "experts.0.w1")
     ref = _dequant_mxfp4_ue8m0_gran32(m.data, m.scale)
-    assert c.report["exact_fraction"] == 1.0 and c.report["max_rel_err"] == 0.0
+    assert c.report["exact_fraction"] == 1.0 and c.report["max_rel_err"] == 0.0 and c.report["inexact_blocks"] == 0
     assert torch.equal(vllm_nvfp4(out, torch.bfloat16).view(torch.int16), ref.view(torch.int16))
     assert out["weight_scale"].dtype == torch.float8_e4m3fn and out["weight_scale_2"].ndim == 0
 
@@ -51,6 +51,7 @@ def test_mxfp4_to_nvfp4_wide_range_reports_loss(seed):
     out = c.convert({"weight": m.data, "scale": m.scale}, "w")
     r = c.report
     assert 0.0 < r["exact_fraction"] < 1.0 and r["max_rel_err"] > 0
+    assert r["inexact_blocks"] == round((1.0 - r["exact_fraction"]) * r["blocks"]) > 0
     ref = m.dequantize(torch.float32)
     got = vllm_nvfp4(out)
     big = torch.zeros_like(ref, dtype=torch.bool)

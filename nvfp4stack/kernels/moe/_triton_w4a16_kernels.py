@@ -32,6 +32,14 @@ def _grouped_pid(BM: tl.constexpr, BN: tl.constexpr, N, max_blocks, GROUP_M: tl.
 
 
 @triton.jit
+def _block_expert(expert_ids_ptr, num_padded_ptr, pid_m, BM: tl.constexpr):
+    """Expert of routing block ``pid_m`` (int64), or -1 where the block lies past num_padded or
+    holds no routed slot: the kernel then returns. Shared by the Triton and the Gluon kernels."""
+    live = pid_m * BM < tl.load(num_padded_ptr)
+    return tl.load(expert_ids_ptr + pid_m, mask=live, other=-1).to(tl.int64)
+
+
+@triton.jit
 def _e2m1x4_to_bf16(packed):
     """uint8 [..] -> (even-k, odd-k) bf16 [..]: each nibble's bf16 bits, value * 2**-126.
 
@@ -116,9 +124,7 @@ def l1_swiglu_kernel(
     DEQ: tl.constexpr,
 ):
     pid_m, pid_n = _grouped_pid(BM, BN, I, max_blocks, GROUP_M)
-    if pid_m * BM >= tl.load(num_padded_ptr):
-        return
-    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    expert = _block_expert(expert_ids_ptr, num_padded_ptr, pid_m, BM)
     if expert < 0:
         return
     offs_m = pid_m * BM + tl.arange(0, BM)
@@ -178,9 +184,7 @@ def l2_combine_kernel(
     DEQ: tl.constexpr,
 ):
     pid_m, pid_n = _grouped_pid(BM, BN, H, max_blocks, GROUP_M)
-    if pid_m * BM >= tl.load(num_padded_ptr):
-        return
-    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    expert = _block_expert(expert_ids_ptr, num_padded_ptr, pid_m, BM)
     if expert < 0:
         return
     offs_m = pid_m * BM + tl.arange(0, BM)

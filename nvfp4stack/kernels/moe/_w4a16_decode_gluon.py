@@ -30,7 +30,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 # the PTX dequant (value * 2**-126 bf16 bits) of the Triton kernels, called from Gluon as is
-from nvfp4stack.kernels.moe._triton_w4a16_kernels import _e2m1x4_to_bf16
+from nvfp4stack.kernels.moe._triton_w4a16_kernels import _block_expert, _e2m1x4_to_bf16
 
 # tiles carry value * scale * 2**-8 (as in _triton_w4a16_kernels); the epilogue multiplies it back
 _TILE_UNSCALE = gl.constexpr(256.0)
@@ -184,16 +184,6 @@ def _gemm_rows(
 
 
 @gluon.jit
-def _block_expert(expert_ids_ptr, num_padded_ptr, BT: gl.constexpr):
-    """(pid_n, pid_m, expert) of this program: expert < 0 where its routing block lies past
-    num_padded or holds no routed slot, and the kernel returns."""
-    pid_m = gl.program_id(1)
-    live = pid_m * BT < gl.load(num_padded_ptr)
-    expert = gl.load(expert_ids_ptr + pid_m, mask=live, other=-1).to(gl.int64)
-    return gl.program_id(0), pid_m, expert
-
-
-@gluon.jit
 def l1_swiglu_decode_kernel(
     # the operands of _triton_w4a16_kernels.l1_swiglu_kernel (shapes there), less max_blocks
     x_ptr, stride_xm, w_ptr, stride_we, stride_wn, s_ptr, stride_se, stride_sn, gs_ptr, out_ptr, stride_om,
@@ -203,7 +193,8 @@ def l1_swiglu_decode_kernel(
     ROWS: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, PREFETCH: gl.constexpr, W32_L: gl.constexpr,
 ):
     # grid: (I // (ROWS/2), token blocks); the fast axis walks n so that neighbours share x
-    pid_n, pid_m, expert = _block_expert(expert_ids_ptr, num_padded_ptr, BT)
+    pid_n, pid_m = gl.program_id(0), gl.program_id(1)
+    expert = _block_expert(expert_ids_ptr, num_padded_ptr, pid_m, BT)
     if expert < 0:
         return
     HALF: gl.constexpr = ROWS // 2
@@ -253,7 +244,8 @@ def l2_decode_kernel(
     MMA: gl.constexpr, W_BYTES: gl.constexpr, W_BLOCKS: gl.constexpr, X_L: gl.constexpr,
     ROWS: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, PREFETCH: gl.constexpr, W32_L: gl.constexpr,
 ):
-    pid_n, pid_m, expert = _block_expert(expert_ids_ptr, num_padded_ptr, BT)
+    pid_n, pid_m = gl.program_id(0), gl.program_id(1)
+    expert = _block_expert(expert_ids_ptr, num_padded_ptr, pid_m, BT)
     if expert < 0:
         return
     n0 = pid_n * ROWS

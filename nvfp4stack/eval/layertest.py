@@ -27,7 +27,7 @@ from nvfp4stack.checkpoint.layouts import native_expert_name
 from nvfp4stack.eval.capture import Captures, expert_act_amax, experts_modules, weight_modules
 from nvfp4stack.eval.metrics import compare
 from nvfp4stack.eval.precision import EvalPrecision
-from nvfp4stack.formats.nvfp4 import GLOBAL_DIVISOR
+from nvfp4stack.formats.nvfp4 import GLOBAL_DIVISOR, fake_quantize_nvfp4_activation
 from nvfp4stack.kernels.moe.torch_emulation import dequantize_expert
 from nvfp4stack.models.reference import fake_quant_act
 from nvfp4stack.schemes import Scheme
@@ -127,8 +127,8 @@ def _projection_metrics(mod, e: int, x: torch.Tensor, weights, scales: dict, pre
     h = mod._apply_gate(gu)
     xq, hq = x, h
     if scales:  # W4A4: static per-expert input scales, dynamic block scales
-        xq = fake_quant_act(x, float(scales["a13_scale"][e]) * GLOBAL_DIVISOR, f"{prefix}.{e}.w1.input")
-        hq = fake_quant_act(h, float(scales["a2_scale"][e]) * GLOBAL_DIVISOR, f"{prefix}.{e}.w2.input")
+        xq = fake_quantize_nvfp4_activation(x, scales["a13_scale"][e], name=f"{prefix}.{e}.w1.input")
+        hq = fake_quantize_nvfp4_activation(h, scales["a2_scale"][e], name=f"{prefix}.{e}.w2.input")
     gu_q, inter = xq @ q13.T, w13.shape[0] // 2
     return {"w1": compare(gu[:, :inter], gu_q[:, :inter], f"{prefix}.{e}.w1"),
             "w3": compare(gu[:, inter:], gu_q[:, inter:], f"{prefix}.{e}.w3"),

@@ -112,7 +112,19 @@ def served_scheme(run_dir: Path) -> str:
 
 
 def check_matches_reference(client, model, run_dir):
-    """Greedy tokens identical and logprobs within LOGPROB_ATOL of transformers' forward."""
+    """vLLM's greedy decode and its teacher-forced logprobs against transformers' forward of the same
+    NVFP4 experts (fp32 on both sides).
+
+    W4A4 quantizes activations: a value at an E2M1 rounding threshold can land on either side when
+    vLLM and transformers sum in a different order, which moves a logprob by up to ~0.15 (seen in
+    about 1 prompt in 50 here). The tiny model's logits are flat (top-2 gaps of 0.003 occur), so such a
+    move can also flip a greedy token, after which the two continuations are different texts. So:
+    - teacher-forced (vLLM's prompt_logprobs over prompt + the reference's tokens, no cascade): most
+      prompts agree to LOGPROB_ATOL, none further than the scheme's bound;
+    - free-running greedy: tokens identical up to the first divergence, if any, and that divergence
+      must be a near tie in the reference (gap <= 2x the bound), the only way a bounded logprob
+      error can flip an argmax; logprobs before it within the bound.
+    """
     import torch
     from transformers import AutoTokenizer
 
@@ -121,12 +133,13 @@ def check_matches_reference(client, model, run_dir):
 
     cache = CACHE / "tiny_v3"
     scheme = served_scheme(run_dir)
+    bound = FLIP_ATOL if scheme == "nvfp4" else LOGPROB_ATOL
     ref = reference_model(cache / "bf16", cache / "nvfp4", w4a4=(scheme == "nvfp4"))
     tok = AutoTokenizer.from_pretrained(cache / "nvfp4")
     seed = random.randrange(2**31)
     print(f"reference check: scheme={scheme} seed={seed}")
     rng = random.Random(seed)
-    diffs: list[float] = []
+    forced: list[float] = []
     for text in calibration_texts(3, seed=seed):
         words = text.split()
         start = rng.randrange(max(1, len(words) - 12))
@@ -138,15 +151,25 @@ def check_matches_reference(client, model, run_dir):
             g = ref.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False, output_logits=True,
                              return_dict_in_generate=True, pad_token_id=0)
         h_ids = g.sequences[0, len(ids):].tolist()
-        h_lp = [torch.log_softmax(step[0].float(), -1)[t].item() for step, t in zip(g.logits, h_ids)]
-        diff = max(abs(a - b) for a, b in zip(v_lp, h_lp))
-        print(f"prompt {ids}: vllm {v_ids} ref {h_ids} max |dlogprob| {diff:.2e}")
-        assert v_ids == h_ids
-        diffs.append(diff)
-    # W4A4 quantizes activations: a value at an E2M1 rounding threshold can land on either side
-    # when vLLM and transformers sum in a different order, which moves a later logprob by up to
-    # ~0.1 (seen once in 3 prompts here). Every token must still agree; most prompts must agree
-    # to LOGPROB_ATOL; none may be further off than one flipped activation code explains.
-    diffs.sort()
-    assert diffs[len(diffs) // 2] <= LOGPROB_ATOL, diffs
-    assert diffs[-1] <= (FLIP_ATOL if scheme == "nvfp4" else LOGPROB_ATOL), diffs
+        steps = [torch.log_softmax(step[0].float(), -1) for step in g.logits]
+        h_lp = [step[t].item() for step, t in zip(steps, h_ids)]
+
+        tf = client.completions.create(model=model, prompt=ids + h_ids, max_tokens=1, temperature=0,
+                                       extra_body={"prompt_logprobs": 0})
+        tf_lp = [entry[str(t)]["logprob"] for entry, t in zip(tf.choices[0].prompt_logprobs[len(ids):], h_ids)]
+        forced.append(max(abs(a - b) for a, b in zip(tf_lp, h_lp)))
+
+        d = next((i for i, (a, b) in enumerate(zip(v_ids, h_ids)) if a != b), min(len(v_ids), len(h_ids)))
+        before = max((abs(a - b) for a, b in zip(v_lp[:d], h_lp[:d])), default=0.0)
+        print(f"prompt {ids}: vllm {v_ids} ref {h_ids} teacher-forced max |dlogprob| {forced[-1]:.2e}, "
+              f"greedy agrees for {d} tokens (max |dlogprob| {before:.2e})")
+        assert before <= bound, (ids, v_lp, h_lp)
+        if d < len(h_ids):
+            assert d < len(v_ids), f"vLLM stopped after {v_ids}, the reference went on to {h_ids}"
+            gap = (steps[d][h_ids[d]] - steps[d][v_ids[d]]).item()
+            assert gap <= 2 * bound, f"greedy token {d} differs by a reference logprob gap of {gap:.3f}"
+        else:
+            assert v_ids == h_ids
+    forced.sort()
+    assert forced[len(forced) // 2] <= LOGPROB_ATOL, forced
+    assert forced[-1] <= bound, forced

@@ -23,7 +23,7 @@ import torch
 
 from nvfp4stack.formats.fp8_block import AMAX_FLOOR, E4M3_MAX, quantize_fp8_block
 from nvfp4stack.formats.nvfp4 import Nvfp4Tensor, dequantize_nvfp4
-from nvfp4stack.kernels.moe.routing import align_by_expert
+from nvfp4stack.kernels.moe.routing_triton import align_routing
 from nvfp4stack.kernels.moe.torch_emulation import swiglu_dsv4
 
 MODES = ("auto", "w4a16", "fp8")
@@ -206,7 +206,7 @@ def fp8_moe_forward(
             f"sm{''.join(map(str, torch.cuda.get_device_capability(x.device)))}; use mode='w4a16'"
         )
     gmm = grouped_mm or torch._scaled_grouped_mm
-    routing = align_by_expert(topk_ids, num_experts, ROW_ALIGN)
+    routing = align_routing(topk_ids, num_experts, ROW_ALIGN)
     offs = _expert_offsets(routing.expert_ids, num_experts, ROW_ALIGN)
     # padded slots carry the sentinel T*k -> token id T: read as a zero row
     tok = (routing.sorted_ids // top_k).to(torch.int32)  # [P]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from nvfp4stack.kernels.moe.routing import AlignedRouting, max_padded_slots
+from nvfp4stack.kernels.moe.routing import AlignedRouting, align_by_expert, max_padded_slots
 
 MAX_SLOTS = 8192
 
@@ -87,3 +87,11 @@ def align_by_expert_triton(topk_ids: torch.Tensor, num_experts: int, block_m: in
         EP2=ep2, BM=block_m, CH=ch, FILL=1024, num_warps=8,
     )
     return AlignedRouting(sorted_ids, expert_ids, num_padded, block_m, num_slots)
+
+
+def align_routing(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> AlignedRouting:
+    """The faster of the two alignments for this load (same outputs): one Triton launch for CUDA
+    tensors up to ``MAX_SLOTS`` routed slots, the torch version otherwise (and on CPU)."""
+    if topk_ids.is_cuda and topk_ids.numel() <= MAX_SLOTS:
+        return align_by_expert_triton(topk_ids, num_experts, block_m)
+    return align_by_expert(topk_ids, num_experts, block_m)

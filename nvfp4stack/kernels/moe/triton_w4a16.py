@@ -19,9 +19,7 @@ import torch
 
 from nvfp4stack.arch import Arch
 from nvfp4stack.kernels.base import MOE_BACKENDS, KernelBackend, Verdict
-from nvfp4stack.kernels.moe.routing import align_by_expert
-from nvfp4stack.kernels.moe.routing_triton import MAX_SLOTS as ROUTING_TRITON_MAX_SLOTS
-from nvfp4stack.kernels.moe.routing_triton import align_by_expert_triton
+from nvfp4stack.kernels.moe.routing_triton import align_routing
 from nvfp4stack.kernels.moe.torch_emulation import check_moe_args
 from nvfp4stack.schemes import Scheme
 
@@ -235,8 +233,7 @@ def nvfp4_moe_forward_triton(
     if decode and not (cfg1.fits(hidden, inter) and cfg2.fits(hidden, inter)):
         raise ValueError(f"config: decode tiles {cfg1} / {cfg2} do not divide hidden {hidden}, inter {inter}")
     # one Triton launch instead of ~20 torch kernels where the slot count is decode-sized
-    align = align_by_expert_triton if tokens * top_k <= ROUTING_TRITON_MAX_SLOTS else align_by_expert
-    routing = align(topk_ids, num_experts, cfg1.block_m)
+    routing = align_routing(topk_ids, num_experts, cfg1.block_m)
     w13_data, w13_scale = w13.data.contiguous(), w13.scale.contiguous().view(torch.uint8)
     w2_data, w2_scale = w2.data.contiguous(), w2.scale.contiguous().view(torch.uint8)
     gs13 = _global_scale_per_expert(w13, num_experts, "w13")

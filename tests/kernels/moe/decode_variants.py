@@ -30,6 +30,7 @@ def main() -> int:
     p.add_argument("--rep", type=int, default=60)
     p.add_argument("--cands", default="all", help="'all' or comma list of indices into DECODE_CANDIDATES")
     p.add_argument("--split", type=int, default=1, help="1: profile L1/L2 kernel times of auto and the best variant")
+    p.add_argument("--cross", type=int, default=0, help="1: also every (L1, L2) pair of two candidates with the same block_t")
     a = p.parse_args()
     print(f"{torch.cuda.get_device_name(0)} torch {torch.__version__} triton {triton.__version__}", flush=True)
     dev = torch.device("cuda")
@@ -78,6 +79,12 @@ def main() -> int:
                 (f"d{i}:{c[0].block_t}/{c[0].mrep}/{c[0].block_k}/w{c[0].num_warps}/p{c[0].prefetch}", c) for i, c in enumerate(cands)
                 if c[0].fits(hidden, inter) and (c[0].block_t == 8 or per_expert > 8)
             ]
+            if a.cross:  # L1 and L2 need only share the routing block (block_t)
+                fit = [(i, c[0]) for i, c in enumerate(cands) if c[0].fits(hidden, inter)
+                       and (c[0].block_t == 8 or per_expert > 8)]
+                variants += [(f"d{i}/{j}:L1 {c1.block_t}/{c1.mrep}/{c1.block_k}/w{c1.num_warps}/p{c1.prefetch}"
+                              f" L2 {c2.mrep}/{c2.block_k}/w{c2.num_warps}/p{c2.prefetch}", (c1, c2))
+                             for i, c1 in fit for j, c2 in fit if i != j and c1.block_t == c2.block_t]
             for label, cfg in variants:
                 try:
                     out = tw.nvfp4_moe_forward_triton(x, w13, w2, wts, ids, swiglu_limit=limit, config=cfg,

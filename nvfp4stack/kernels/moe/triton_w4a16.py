@@ -134,8 +134,10 @@ def pick_decode(rows_per_expert: float, hidden: int, inter: int, device: torch.d
         return None
     if torch.cuda.get_device_capability(device)[0] != 9:  # only run (and tested) on sm90
         return None
-    pair = _DECODE_T8 if rows_per_expert <= 8 else _DECODE_T16
-    if not all(c.fits(hidden, inter) for c in pair):
+    best = _DECODE_T8 if rows_per_expert <= 8 else _DECODE_T16
+    # the L2 tile for both GEMMs where the shape does not divide into the L1 tile
+    pair = next((p for p in (best, (best[1], best[1])) if all(c.fits(hidden, inter) for c in p)), None)
+    if pair is None:
         return None
     try:
         import triton.experimental.gluon  # noqa: F401  (Triton >= 3.6)

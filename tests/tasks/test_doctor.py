@@ -23,6 +23,19 @@ def _cache() -> Path:
     return Path(os.environ.get("NVFP4STACK_TEST_CACHE", "~/.cache/nvfp4stack/test")).expanduser()
 
 
+@pytest.fixture(autouse=True, params=["no_amx", "amx"])
+def amx_mode(request, monkeypatch):
+    """Run the doctor (and its vLLM load-check child) with AMX reported absent, as on an AVX2-only
+    EPYC, and with the host's real AMX path where the host has AMX."""
+    from nvfp4stack.engine.dsv4_load_check import FORCE_NO_AMX_ENV, host_has_amx
+
+    if request.param == "amx" and not (vllm_importable() and host_has_amx()):
+        pytest.skip("host has no AMX: its real kernel path cannot run here (the no_amx run covers this host)")
+    if request.param == "no_amx":
+        monkeypatch.setenv(FORCE_NO_AMX_ENV, "1")
+    return request.param
+
+
 @pytest.fixture(scope="module")
 def modelopt(tmp_path_factory) -> Path:
     return vllm_ready_config(tiny_dsv4_layouts(_cache())["modelopt"], tmp_path_factory.mktemp("t") / "modelopt")

@@ -17,7 +17,19 @@ GB, GiB = 1e9, 2**30
 
 
 def _fmt_bytes(n: float) -> str:
-    return f"{n / GB:,.2f} GB" if n >= 0.01 * GB else f"{n / 2**20:,.2f} MiB"
+    """GB from 0.1 GB up, MiB below that, KiB below 0.1 MiB: tiny models show real figures."""
+    if n >= 0.1 * GB:
+        return f"{n / GB:,.2f} GB"
+    if n >= 0.1 * 2**20:
+        return f"{n / 2**20:,.2f} MiB"
+    return f"{n / 2**10:,.2f} KiB"
+
+
+def _fmt_params(n: int) -> str:
+    for unit, div in (("T", 1e12), ("B", 1e9), ("M", 1e6)):
+        if n >= 0.1 * div:
+            return f"{n / div:.3f}{unit}"
+    return f"{n / 1e3:.1f}K"
 
 
 def format_plan(plan: Plan) -> str:
@@ -29,18 +41,19 @@ def format_plan(plan: Plan) -> str:
         served = f" ({r.served})" if r.served != r.target else ""
         lines.append(
             f"{r.role:<22}{'yes' if r.mtp else '':<5}{r.count:>7}  {r.source + ' -> ' + r.target + served:<38}"
-            f"{r.converter:<24}{r.kernel:<20}{r.params / 1e9:>9.3f}B{_fmt_bytes(r.bytes):>14}"
+            f"{r.converter:<24}{r.kernel:<20}{_fmt_params(r.params):>10}{_fmt_bytes(r.bytes):>14}"
         )
     lo = plan.layout
     lines += [
         "-" * len(head),
-        f"total parameters: {plan.total_params:,} ({plan.total_params / 1e12:.3f} T)",
-        f"total weight bytes: {plan.total_bytes / GB:,.1f} GB = {plan.total_bytes / GiB:,.1f} GiB",
+        f"total parameters: {plan.total_params:,} ({_fmt_params(plan.total_params)})",
+        f"total weight bytes: {_fmt_bytes(plan.total_bytes)}"
+        + (f" = {plan.total_bytes / GiB:,.1f} GiB" if plan.total_bytes >= 0.1 * GB else ""),
         f"per-GPU weight bytes (tp={lo.tp} dp={lo.dp} ep={lo.ep}, {lo.num_gpus} GPUs): "
-        f"{plan.gpu_bytes / GB:,.2f} GB = {plan.gpu_bytes / GiB:,.2f} GiB",
+        f"{_fmt_bytes(plan.gpu_bytes)}" + (f" = {plan.gpu_bytes / GiB:,.2f} GiB" if plan.gpu_bytes >= 0.1 * GB else ""),
     ]
     by_role = plan.to_json()["bytes_by_role"]
-    lines.append("bytes by role: " + ", ".join(f"{k} {v / GB:,.2f} GB" for k, v in sorted(by_role.items(), key=lambda kv: -kv[1])))
+    lines.append("bytes by role: " + ", ".join(f"{k} {_fmt_bytes(v)}" for k, v in sorted(by_role.items(), key=lambda kv: -kv[1])))
     for w in plan.warnings:
         lines.append(f"WARNING: {w}")
     return "\n".join(lines)

@@ -70,8 +70,14 @@ def test_explicit_choice_is_validated_and_alias_resolved():
 
 
 def test_no_backend_lists_every_reason():
-    with pytest.raises(BackendError, match="found no moe backend for mxfp4 on cpu: torch_emulation: "):
-        select_backend("moe", "auto", resolve("cpu"), Scheme.MXFP4)
+    with pytest.raises(BackendError, match="found no moe backend for fp8_block on cpu: torch_emulation: "):
+        select_backend("moe", "auto", resolve("cpu"), Scheme.FP8_BLOCK)
+
+
+def test_cpu_runs_mxfp4_experts_on_torch_emulation():
+    """DeepSeek-V4's untouched MTP block keeps MXFP4 experts: the CPU emulation runs them."""
+    sel = select_backend("moe", "auto", resolve("cpu"), Scheme.MXFP4)
+    assert sel.backend == "torch_emulation" and sel.served_scheme is Scheme.MXFP4
 
 
 def test_vllm_flag_values_exist_in_vllm():

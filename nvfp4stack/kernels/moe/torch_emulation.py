@@ -1,14 +1,16 @@
-"""``torch_emulation`` MoE backend: the NVFP4 expert MLP in plain torch (any device).
+"""``torch_emulation`` MoE backend: the NVFP4 (or MXFP4) expert MLP in plain torch (any device).
 
 It is the CPU serving path of the vLLM plugin and the oracle of every fast MoE kernel here.
 Weights stay packed; each expert that received tokens is dequantized on the fly in fp32, and all
-arithmetic is fp32 (the output is cast back to x.dtype once).
+arithmetic is fp32 (the output is cast back to x.dtype once). MXFP4 experts (E2M1 + UE8M0 per
+32: DeepSeek-V4's release format, which its untouched MTP block keeps) run weight-only.
 """
 from __future__ import annotations
 
 import torch
 
 from nvfp4stack.arch import Arch
+from nvfp4stack.formats.mxfp4 import Mxfp4Tensor, dequantize_mxfp4
 from nvfp4stack.formats.nvfp4 import (
     Nvfp4Tensor,
     dequantize_nvfp4,
@@ -31,8 +33,10 @@ def swiglu_dsv4(gate_up: torch.Tensor, swiglu_limit: float | None) -> torch.Tens
     return torch.nn.functional.silu(gate) * up
 
 
-def dequantize_expert(w: Nvfp4Tensor, expert: int) -> torch.Tensor:
-    """Expert ``expert`` of a stacked [E, N, K] NVFP4 weight as fp32 [N, K]."""
+def dequantize_expert(w: Nvfp4Tensor | Mxfp4Tensor, expert: int) -> torch.Tensor:
+    """Expert ``expert`` of a stacked [E, N, K] NVFP4 or MXFP4 weight as fp32 [N, K]."""
+    if isinstance(w, Mxfp4Tensor):
+        return dequantize_mxfp4(w.data[expert], w.scale[expert], torch.float32)
     gs = w.global_scale.reshape(-1)
     gs_e = gs[expert] if gs.numel() > 1 else gs[0]
     return dequantize_nvfp4(w.data[expert], w.scale[expert], gs_e, torch.float32)
@@ -93,8 +97,8 @@ def nvfp4_moe_forward(
 
     Args:
         x: [T, H] activations.
-        w13: NVFP4 [E, 2I, H]; rows 0..I-1 gate (w1), I..2I-1 up (w3).
-        w2: NVFP4 [E, H, I].
+        w13: NVFP4 or MXFP4 [E, 2I, H]; rows 0..I-1 gate (w1), I..2I-1 up (w3).
+        w2: same format, [E, H, I].
         topk_weights, topk_ids: [T, k] router output (ids are local expert indices).
         a13_scale, a2_scale: [E] static input scales; when given, activations are NVFP4
             fake-quantized before each GEMM (W4A4), else they stay unquantized (W4A16).
@@ -103,6 +107,9 @@ def nvfp4_moe_forward(
     """
     num_experts, _, _ = check_moe_args(x, w13, w2, topk_weights, topk_ids, activation)
     _check_expert_ids(topk_ids, num_experts)
+    if (a13_scale is not None or a2_scale is not None) and isinstance(w13, Mxfp4Tensor):
+        raise ValueError("a13_scale/a2_scale: MXFP4 experts run weight-only here (bf16/fp32 "
+                         "activations), found activation input scales; pass None")
     tokens, top_k = topk_ids.shape
     out = torch.zeros(tokens, x.shape[1], dtype=torch.float32, device=x.device)
     xf = x.to(torch.float32)
@@ -126,11 +133,11 @@ def nvfp4_moe_forward(
 
 @MOE_BACKENDS.register("torch_emulation")
 class TorchEmulationMoe(KernelBackend):
-    """Pure-torch NVFP4 MoE (W4A4 or W4A16 emulation): correct everywhere, slow."""
+    """Pure-torch NVFP4 MoE (W4A4 or W4A16 emulation), MXFP4 weight-only: correct everywhere, slow."""
 
     kind = "moe"
     provider = "nvfp4stack"
-    schemes = (Scheme.NVFP4, Scheme.NVFP4_W4A16)
+    schemes = (Scheme.NVFP4, Scheme.NVFP4_W4A16, Scheme.MXFP4)
     # W4A4 is emulated (activations fake-quantized with the checkpoint's input scales), so it
     # needs no FP4 tensor cores.
     activation_fp4 = True

@@ -139,4 +139,37 @@ def test_backend_registration():
         ok, reason = be.is_supported(arch)
         assert ok and "any device" in reason
     assert be.can_implement(Scheme.NVFP4)[0] and be.can_implement(Scheme.NVFP4_W4A16)[0]
-    assert not be.can_implement(Scheme.MXFP4)[0]
+    assert be.can_implement(Scheme.MXFP4)[0]
+    assert not be.can_implement(Scheme.FP8_BLOCK)[0]
+
+
+def test_mxfp4_experts_match_transformers_on_vllm_dequantized_weights():
+    """MXFP4 (UE8M0/32) experts, as DeepSeek-V4's release and its untouched MTP block store them:
+    the weights vLLM's own dequantizer decodes, run through transformers' DeepseekV4Experts."""
+    pytest.importorskip("transformers.models.deepseek_v4")
+    from vllm.model_executor.layers.fused_moe.flashinfer_moe_ep import _dequant_mxfp4_ue8m0_gran32
+
+    from nvfp4stack.formats.mxfp4 import quantize_mxfp4
+
+    g = _gen()
+    x, w13n, w2n, wts, ids = _problem(g)
+    w13 = quantize_mxfp4(w13n.dequantize(torch.float32) * 3.7, name="w13")
+    w2 = quantize_mxfp4(torch.randn(tuple(w2n.shape), generator=g)
+                        * torch.rand(w2n.shape[0], 1, 1, generator=g), name="w2")
+    dq = {k: _dequant_mxfp4_ue8m0_gran32(w.data.view(torch.int8).flatten(0, 1),   # vLLM's takes 2-D
+                                         w.scale.view(torch.float8_e8m0fnu).flatten(0, 1)).float().reshape(w.shape)
+          for k, w in (("w13", w13), ("w2", w2))}
+    # our dequantization is vLLM's, bit for bit (the values are exact in bf16)
+    assert torch.equal(w13.dequantize(torch.float32), dq["w13"]) and torch.equal(w2.dequantize(torch.float32), dq["w2"])
+    ref_mod = _hf_experts(w13n, w2n, LIMIT)
+    with torch.no_grad():
+        ref_mod.gate_up_proj.copy_(dq["w13"])
+        ref_mod.down_proj.copy_(dq["w2"])
+        ref = ref_mod(x, ids.long(), wts)
+    out = nvfp4_moe_forward(x, w13, w2, wts, ids, swiglu_limit=LIMIT)
+    err = _rel(out, ref)
+    print(f"mxfp4 rel err vs transformers DeepseekV4Experts: {err:.2e}")
+    assert err < 1e-5 and out.shape == x.shape
+    assert bool((ids == ids.max()).any()) and out.abs().sum() > 0
+    with pytest.raises(ValueError, match="MXFP4 experts run weight-only"):
+        nvfp4_moe_forward(x, w13, w2, wts, ids, a13_scale=torch.ones(8))

@@ -70,29 +70,52 @@ def _export_hf_unified(source: Path, out: Path, q) -> dict:
     return stats
 
 
-def _cast_input_amax(q):
+def _amax_lookup(amax: dict, where: str):
+    """``path -> activation amax`` from a calibration state (per expert, else per projection)."""
+    from nvfp4stack.quantize.dsv4_export import merge_amax
+
+    merged, fallback = merge_amax(amax)
+
+    def from_state(path: str):
+        a = merged.get(f"{path}_input_quantizer._amax", fallback.get(path.rsplit(".", 1)[1]))
+        if a is None:
+            raise KeyError(f"{where}: no input amax for {path} nor for its projection; recalibrate "
+                           "or set quantize.cast_input_amax")
+        return a
+    return from_state
+
+
+def _cast_input_amax(q, source, state_dir: Path, recipe: str):
+    """Where a cast's activation amax (-> input_scale) comes from, in order: quantize.amax_path, a
+    constant quantize.cast_input_amax, else a calibration of activations only on the BF16 source
+    (the weights stay a data-free cast). Without any of them the cast cannot write input scales."""
     import torch
 
+    from nvfp4stack.quantize.calib_state import load_state, save_state
+
     if q.amax_path:
-        from nvfp4stack.quantize.calib_state import load_state
-        from nvfp4stack.quantize.dsv4_export import merge_amax
-
         amax, _ = load_state(q.amax_path)
-        merged, fallback = merge_amax(amax)
-
-        def from_state(path: str):
-            a = merged.get(f"{path}_input_quantizer._amax", fallback.get(path.rsplit(".", 1)[1]))
-            if a is None:
-                raise KeyError(f"quantize.amax_path={q.amax_path}: no input amax for {path} nor for its "
-                               "projection; recalibrate or set quantize.cast_input_amax")
-            return a
-        return from_state, "amax_path"
+        return _amax_lookup(amax, f"quantize.amax_path={q.amax_path}"), "amax_path"
     if q.cast_input_amax is not None:
         const = torch.tensor(float(q.cast_input_amax))
         return (lambda path: const), "cast_input_amax"
-    raise ValueError("quantize.amax_path / quantize.cast_input_amax: a cast is data-free for weights, but "
-                     "the NVFP4 input_scale needs an activation amax; found neither: set "
-                     "quantize.amax_path=<calib_state dir> (from a modelopt run) or quantize.cast_input_amax=X")
+    if source is not None:
+        from nvfp4stack.quantize.dsv4_calibrate import calibrate_dsv4
+
+        print(f"quantize: cast: no quantize.amax_path or quantize.cast_input_amax; calibrating the "
+              f"activation amax on the BF16 source {source} ({q.calib_samples} samples; weights stay "
+              "a data-free cast)", flush=True)
+        amax, meta = calibrate_dsv4(source, samples=q.calib_samples, seq_len=q.calib_seq_len,
+                                    batch_size=q.calib_batch_size, seed=q.seed)
+        meta["source"] = str(source)
+        save_state(state_dir, amax, meta)
+        return _amax_lookup(amax, f"calibration state {state_dir}"), "calibrated_activations"
+    raise ValueError(
+        "quantize.amax_path / quantize.cast_input_amax: the cast writes NVFP4 input_scale (activation "
+        "amax / 2688) and found no amax source: no saved calibration state, no constant, and no BF16 "
+        f"quantize.source to calibrate activations on. Fix: run `python main.py recipe={recipe} quantize` "
+        "(modelopt; it writes <run_dir>/calib_state) and pass quantize.amax_path=<that calib_state>, "
+        "or set quantize.source=<BF16 checkpoint>, or quantize.cast_input_amax=<activation amax>")
 
 
 def run(cfg) -> int:
@@ -148,7 +171,7 @@ def run(cfg) -> int:
         extra["calibration"] = meta
         make = CalibratedExperts(base, src_reader, amax)
     else:
-        input_amax, extra["input_amax_from"] = _cast_input_amax(q)
+        input_amax, extra["input_amax_from"] = _cast_input_amax(q, source, state_dir, cfg.recipe)
         from nvfp4stack.quantize.cast import CastExperts
 
         make = CastExperts(base, input_amax)

@@ -125,9 +125,29 @@ def test_cast_is_data_free_and_exact_to_the_release(root, modelopt_run, tmp_path
     assert torch.equal(out.get("layers.1.ffn.experts.2.w2.input_scale"), mo.get("layers.1.ffn.experts.2.w2.input_scale"))
 
 
-def test_cast_without_activation_amax_fails_naming_the_keys(root, tmp_path):
-    with pytest.raises(ValueError, match="quantize.amax_path"):
-        task.run(make_cfg(root, tmp_path, method="cast"))
+def test_cast_without_activation_amax_source_fails_naming_the_commands(root, tmp_path):
+    cfg = make_cfg(root, tmp_path, method="cast")
+    cfg.quantize.source = ""   # release only: nothing to calibrate activations on
+    with pytest.raises(ValueError, match=r"quantize.amax_path.*python main.py recipe=.* quantize.*cast_input_amax"):
+        task.run(cfg)
+    assert not (tmp_path / "quantized").exists()
+
+
+def test_readme_cast_calibrates_activations_only(root, modelopt_run, tmp_path):
+    """`python main.py recipe=tiny_dsv4 quantize quantize.method=cast` (no amax given): the weights
+    are the data-free cast, the input scales come from an activation calibration on the BF16 source,
+    equal to the modelopt run's (same calibration settings and seed)."""
+    assert task.run(make_cfg(root, tmp_path, method="cast")) == 0
+    rep = json.loads((tmp_path / "quantize_report.json").read_text())
+    assert rep["input_amax_from"] == "calibrated_activations"
+    assert (tmp_path / "calib_state").is_dir()
+    out, mo = ShardedReader(tmp_path / "quantized"), ShardedReader(modelopt_run / "quantized")
+    for n in ("layers.1.ffn.experts.2.w2.input_scale", "layers.0.ffn.experts.5.w1.input_scale"):
+        assert torch.equal(out.get(n), mo.get(n)), n
+    assert rep["weight_error_vs_bf16"]["routed_experts"]["rel_error"] == 0.0
+
+
+def test_cast_with_constant_amax(root, tmp_path):
     assert task.run(make_cfg(root, tmp_path, method="cast", cast_input_amax=8.0, mtp="nvfp4")) == 0
     out = ShardedReader(tmp_path / "quantized")
     assert float(out.get("mtp.0.ffn.experts.0.w1.input_scale")) == pytest.approx(8.0 / 2688.0)

@@ -62,9 +62,9 @@ def _block(c: dict, p: str, layer: int, ratio: int, hash_routed: bool, mtp: bool
     # MoE
     yield T(f"{p}.ffn.gate", (E, H), "gate")
     if hash_routed:
-        yield T(f"{p}.ffn.gate.tid2eid", (c["vocab_size"], c["num_experts_per_tok"]), "gate", dtype="i64", is_matrix=False)
+        yield T(f"{p}.ffn.gate.tid2eid", (c["vocab_size"], c["num_experts_per_tok"]), "gate.bias", dtype="i64", is_matrix=False)
     else:
-        yield T(f"{p}.ffn.gate.bias", (E,), "gate", dtype="f32", is_matrix=False)
+        yield T(f"{p}.ffn.gate.bias", (E,), "gate.bias", dtype="f32", is_matrix=False)
     for e in range(E):
         yield T(f"{p}.ffn.experts.{e}.w1", (inter, H), "routed_experts")
         yield T(f"{p}.ffn.experts.{e}.w2", (H, inter), "routed_experts")

@@ -6,7 +6,7 @@ import re
 # Every role a precision rule can name. Dotted roles form a tree: a rule naming 'attn'
 # or 'indexer' covers every role below it.
 ROLES = (
-    "routed_experts", "shared_experts", "gate",
+    "routed_experts", "shared_experts", "dense_mlp", "gate", "gate.bias",
     "attn.wq_a", "attn.wq_b", "attn.wkv", "attn.wkv_b", "attn.wo_a", "attn.wo_b",
     "compressor", "indexer.wq_b", "indexer.weights_proj",
     "embed", "head", "mtp.proj", "norms", "mhc", "attn_sink",
@@ -21,7 +21,9 @@ _PATTERNS: list[tuple[str, re.Pattern]] = [
         ("indexer.weights_proj", r"\.indexer\.weights_proj(\.|$)"),
         ("shared_experts", r"\.(ffn|mlp)\.shared_experts?(\.|$)"),
         ("routed_experts", r"\.(ffn|mlp)\.experts(\.|$)"),
-        ("gate", r"\.(ffn|mlp)\.gate(\.(weight|bias|tid2eid|e_score_correction_bias)|$)"),
+        ("dense_mlp", r"\.(ffn|mlp)\.(gate_proj|up_proj|down_proj|w1|w2|w3)(\.|$)"),
+        ("gate.bias", r"\.(ffn|mlp)\.gate\.(bias|tid2eid|e_score_correction_bias)$"),
+        ("gate", r"\.(ffn|mlp)\.gate(\.weight|$)"),
         ("attn.wq_a", r"\.(attn|self_attn)\.(wq_a|q_a_proj|fused_wqa_wkv|fused_qkv_a_proj)(\.|$)"),
         ("attn.wq_b", r"\.(attn|self_attn)\.(wq_b|q_b_proj|q_proj)(\.|$)"),
         ("attn.wkv", r"\.(attn|self_attn)\.(wkv|kv_a_proj_with_mqa)(\.|$)"),

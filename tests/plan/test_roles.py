@@ -8,7 +8,12 @@ from nvfp4stack.plan.roles import ROLES, is_mtp, role_covers, role_of
     ("layers.0.ffn.experts.3.w1.weight", "routed_experts"),
     ("layers.0.ffn.shared_experts.w2.weight", "shared_experts"),
     ("layers.0.ffn.gate.weight", "gate"),
-    ("layers.0.ffn.gate.tid2eid", "gate"),
+    ("layers.0.ffn.gate.tid2eid", "gate.bias"),
+    ("layers.3.ffn.gate.bias", "gate.bias"),
+    ("model.layers.1.mlp.gate.e_score_correction_bias", "gate.bias"),
+    ("model.layers.1.mlp.gate", "gate"),
+    ("model.layers.0.mlp.down_proj", "dense_mlp"),
+    ("model.layers.0.mlp.gate_proj.weight", "dense_mlp"),
     ("layers.2.attn.wq_a.weight", "attn.wq_a"),
     ("layers.2.attn.wq_b.scale", "attn.wq_b"),
     ("layers.2.attn.wkv.weight", "attn.wkv"),
@@ -56,3 +61,17 @@ def test_mtp_detection():
 def test_role_tree():
     assert role_covers("attn", "attn.wo_a") and role_covers("attn.wo_a", "attn.wo_a")
     assert not role_covers("attn", "attn_sink") and not role_covers("indexer", "indexer_x")
+
+
+def test_every_tensor_of_the_tiny_models_has_a_named_role(tmp_path):
+    """Issue #18: no plan row under 'unknown', and one row per (role, decision)."""
+    from nvfp4stack.cli import compose_config
+    from nvfp4stack.plan.build import plan_for_config
+
+    for recipe in ("tiny_cpu", "tiny_dsv4"):
+        plan = plan_for_config(compose_config(f"recipe={recipe}", f"run_dir={tmp_path}"))
+        assert all(g.role in ROLES for g in plan.groups), sorted({g.role for g in plan.groups} - set(ROLES))
+        gate_rows = [r for r in plan.rows if r.role == "gate" and not r.mtp]
+        assert len(gate_rows) == 1 and gate_rows[0].kernel == "unquantized"  # the bias is gate.bias
+    assert {"dense_mlp", "gate.bias"} <= {g.role for g in plan_for_config(
+        compose_config("recipe=tiny_cpu", f"run_dir={tmp_path}")).groups}

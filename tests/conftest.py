@@ -20,3 +20,15 @@ def root(tmp_path_factory):
     from nvfp4stack.models.tiny_dsv4 import build_tiny_dsv4
 
     return build_tiny_dsv4(tmp_path_factory.getbasetemp() / "tiny_dsv4_cache", seed=0)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """List the README commands that tests/test_readme_commands.py ran (issue #12: CI shows them)."""
+    import sys
+
+    mods = [m for name, m in list(sys.modules.items()) if name.endswith("test_readme_commands")]
+    ran = getattr(mods[0], "RAN", None) if mods else None
+    if ran:
+        terminalreporter.write_sep("-", f"README commands run ({len(ran)})")
+        for line in ran:
+            terminalreporter.write_line(f"  {line}")

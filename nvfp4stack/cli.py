@@ -27,7 +27,16 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from nvfp4stack.kernels.select import BackendError
     from nvfp4stack.plan.planner import PlanError
 
-    return (PlanError, BackendError, FileNotFoundError)
+    # The project's errors for people are these types, their messages naming the key, the value
+    # and the fix (the traceback still goes to the run's cli.log).
+    return (PlanError, BackendError, FileNotFoundError, ValueError, KeyError)
+
+
+# The exit-code contract (README "Exit codes"): 0 done; 1 a check found problems (doctor, eval
+# thresholds, a plan where nothing fits); 2 a usage or config error, one line naming the key, the
+# value and the valid choices; 3 an unexpected failure, one line plus the log holding the
+# traceback; 130 interrupted.
+EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_UNEXPECTED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 
 class UsageError(SystemExit):
@@ -96,7 +105,8 @@ def check_override_keys(overrides: list[str]) -> None:
             continue
         parts = key.split(".")
         if len(parts) == 1 and parts[0] in GROUPS:
-            continue  # choosing a config group option, e.g. arch=sm90 (Hydra validates the option)
+            _check_group_option(parts[0], ov.split("=", 1)[1])  # e.g. arch=sm90
+            continue
         cls: type | None = RootConfig
         for depth, part in enumerate(parts):
             fields = _fields(cls)
@@ -109,6 +119,20 @@ def check_override_keys(overrides: list[str]) -> None:
             cls = _dataclass_of(fields[part])
             if cls is None:
                 break
+
+
+def _check_group_option(group: str, value: str) -> None:
+    """``arch=sm100`` -> one line naming the valid options (and the closest), not Hydra's dump."""
+    import difflib
+
+    valid = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+    for name in value.split(","):  # a multirun sweep lists several
+        if valid and name not in valid:
+            # a prefix first (sm100 -> sm100a, the arch-specific target), else the closest spelling
+            close = [v for v in valid if v.startswith(name)] or difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
+            hint = f"; did you mean {group}={close[0]}?" if close else ""
+            raise UsageError(f"{group}={name!r} is not an option of config group {group!r}; valid: "
+                             f"{', '.join(valid)}{hint}")
 
 
 def _recipe_override(args: list[str]) -> list[str]:
@@ -200,10 +224,66 @@ def run_from_dictconfig(cfg) -> int:
     task = importlib.import_module(f"nvfp4stack.tasks.{typed.command}")
     from nvfp4stack.run_dir import prepare_run_dir
 
-    prepare_run_dir(typed, OmegaConf.to_yaml(cfg, resolve=True))
-    try:
-        return int(task.run(typed) or 0)
-    except _user_errors() as e:
-        # Errors written for people (they name the key, the expectation and the fix).
-        print(f"nvfp4stack {typed.command}: error: {e}", file=sys.stderr)
-        return 2
+    run_dir = prepare_run_dir(typed, OmegaConf.to_yaml(cfg, resolve=True))
+    log_path = run_dir / "cli.log"
+    with _tee_to(log_path):
+        try:
+            return int(task.run(typed) or 0)
+        except _user_errors() as e:
+            # Errors written for people (they name the key, the expectation and the fix).
+            _log_traceback(log_path)
+            msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+            print(f"nvfp4stack {typed.command}: error: {msg}", file=sys.stderr)
+            return EXIT_USAGE
+        except KeyboardInterrupt:
+            print(f"nvfp4stack {typed.command}: interrupted (Ctrl-C); rerun the same command to go on "
+                  "where it can resume", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        except Exception as e:  # not written for people: one line here, the traceback in the log
+            _log_traceback(log_path)
+            print(f"nvfp4stack {typed.command}: unexpected error: {type(e).__name__}: {e} "
+                  f"(traceback in {log_path})", file=sys.stderr)
+            return EXIT_UNEXPECTED
+
+
+def _log_traceback(log_path: Path) -> None:
+    import traceback
+
+    with open(log_path, "a") as f:
+        f.write(traceback.format_exc())
+
+
+class _Tee:
+    """A text stream that writes to the original stream and to the run's log file."""
+
+    def __init__(self, stream, log):
+        self.stream, self.log = stream, log
+
+    def write(self, text):
+        self.log.write(text)
+        return self.stream.write(text)
+
+    def flush(self):
+        self.log.flush()
+        self.stream.flush()
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+class _tee_to:
+    """Within the block, stdout and stderr also go to ``path`` (the run directory's cli.log)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __enter__(self):
+        self.log = open(self.path, "a", buffering=1)
+        self.saved = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = _Tee(sys.stdout, self.log), _Tee(sys.stderr, self.log)
+        return self
+
+    def __exit__(self, *exc):
+        sys.stdout, sys.stderr = self.saved
+        self.log.close()
+        return False

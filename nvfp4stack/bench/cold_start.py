@@ -31,15 +31,15 @@ def first_token_s(base_url: str, model: str, t0: float, timeout_s: float = 120.0
 
 def run(cfg) -> list[dict]:
     from nvfp4stack.engine import server
-    from nvfp4stack.engine.plan_section import engine_plan_from_config
+    from nvfp4stack.engine.plan_section import engine_plan_for
     from nvfp4stack.tasks.serve import CPU_DEFAULT_ENV, build_argv, resolve_checkpoint
 
     engine = cfg.engine
     run_dir = Path(cfg.run_dir)
+    plan = engine_plan_for(cfg)
     t_build = time.monotonic()
-    ckpt = resolve_checkpoint(cfg, build=True)
+    ckpt = resolve_checkpoint(cfg, plan, build=True)
     build_s = time.monotonic() - t_build
-    plan = engine_plan_from_config(cfg)
     argv = build_argv(cfg, plan, ckpt)
     env = dict(CPU_DEFAULT_ENV) if cfg.arch.name == "cpu" else {}
     env.update(engine.env)

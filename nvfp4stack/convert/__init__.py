@@ -4,6 +4,8 @@ from nvfp4stack.convert import (  # noqa: F401  (imported for registration)
     bf16_to_nvfp4,
     compressor_fuse,
     fp8_block_to_bf16,
+    mxfp4_to_bf16,
+    mxfp4_to_fp8_block,
     mxfp4_to_nvfp4,
     nvfp4_to_bf16,
     nvfp4_to_fp8_block,

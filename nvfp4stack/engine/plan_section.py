@@ -1,4 +1,5 @@
-"""The engine's view of the plan: role -> (scheme, kernel), serialised into the quantization config.
+"""The engine's view of the plan: role -> (scheme, kernel) plus per-layer exceptions, serialised
+into the quantization config. It is derived from the planner's ``Plan`` only (one decision).
 
 This dict travels as ``quantization_config["nvfp4stack"]`` inside vLLM's ``--hf-overrides``, so
 the engine config itself carries it to the API server, the engine core and every worker (the
@@ -7,15 +8,14 @@ old monkey-patches never reached the workers). No vLLM import here: args.py and 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import nvfp4stack.kernels.linear  # noqa: F401  (registers the linear backends; light imports)
 import nvfp4stack.kernels.moe  # noqa: F401  (registers the MoE backends; light imports)
-from nvfp4stack.arch import resolve
 from nvfp4stack.kernels.base import LINEAR_BACKENDS, MOE_BACKENDS
-from nvfp4stack.kernels.select import select_backend
-from nvfp4stack.plan.planner import check_moe_fp8_prefill
+from nvfp4stack.plan.planner import FP8_PREFILL_KERNEL, PlanError
 from nvfp4stack.plan.roles import role_of
 from nvfp4stack.schemes import Scheme
 
@@ -27,16 +27,30 @@ MOE_ROLES = ("routed_experts",)
 MTP_EXPERTS = "mtp:routed_experts"
 
 
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+def layer_index(name: str) -> str | None:
+    """The decoder layer index in a native, HF or vLLM name ('model.layers.3.mlp.experts' -> '3')."""
+    m = _LAYER.search(name)
+    return m.group(1) if m else None
+
+
 @dataclass
 class EnginePlan:
-    """Per module role: the scheme the kernel computes and the kernel backend name."""
+    """The planner's decisions in the engine's terms: per module role the scheme its kernel
+    computes and the kernel backend name, plus per-layer exceptions where precision rules split
+    a role (``layers[role][layer index]``). vLLM asks per module prefix; :meth:`entry_for`
+    answers from the exception first, then the role's default."""
 
     # role -> {"scheme": str, "kernel": str[, "fp8_prefill": bool]}
     roles: dict[str, dict] = field(default_factory=dict)
+    layers: dict[str, dict[str, dict]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for role, entry in self.roles.items():
-            where = f"{SECTION_KEY}.roles.{role}"
+        entries = [(f"{SECTION_KEY}.roles.{r}", e) for r, e in self.roles.items()]
+        entries += [(f"{SECTION_KEY}.layers.{r}.{i}", e) for r, by in self.layers.items() for i, e in by.items()]
+        for where, entry in entries:
             if not {"scheme", "kernel"} <= set(entry) <= {"scheme", "kernel", "fp8_prefill"}:
                 raise ValueError(f"{where}: expected keys scheme, kernel (and fp8_prefill for routed experts), "
                                  f"found {sorted(entry)}; regenerate the engine args from the recipe")
@@ -45,92 +59,118 @@ class EnginePlan:
     def entry_for(self, prefix: str) -> dict | None:
         """The plan entry of a vLLM module prefix (e.g. ``model.layers.1.mlp.experts``), or None."""
         role = role_of(prefix)
-        return None if role is None else self.roles.get(role)
+        if role is None:
+            return None
+        idx = layer_index(prefix)
+        exception = self.layers.get(role, {}).get(idx) if idx is not None else None
+        return exception or self.roles.get(role)
+
+    def _entries(self):
+        yield from self.roles.items()
+        for role, by in self.layers.items():
+            for e in by.values():
+                yield role, e
 
     def own_kernel(self, prefix: str, kind: str) -> str | None:
         """The nvfp4stack-implemented kernel the plan puts on this module, or None (vLLM's own)."""
         entry = self.entry_for(prefix)
-        if entry is None or not Scheme(entry["scheme"]).is_nvfp4:
-            return None
-        reg = MOE_BACKENDS if kind == "moe" else LINEAR_BACKENDS
-        name = entry["kernel"]
-        if name in reg and reg.get(name).provider == "nvfp4stack":
-            return name
-        return None
+        return None if entry is None else _own(entry, kind)
 
     def needs_plugin(self) -> bool:
-        """True when any NVFP4 role runs on a kernel this package implements."""
-        for role, e in self.roles.items():
-            if not Scheme(e["scheme"]).is_nvfp4:
-                continue
-            reg = MOE_BACKENDS if role in (*MOE_ROLES, MTP_EXPERTS) else LINEAR_BACKENDS
-            if e["kernel"] in reg and reg.get(e["kernel"]).provider == "nvfp4stack":
-                return True
-        return False
+        """True when any NVFP4 module runs on a kernel this package implements."""
+        return any(_own(e, "moe" if role in (*MOE_ROLES, MTP_EXPERTS) else "linear") for role, e in self._entries())
 
     def to_dict(self) -> dict:
-        return {"version": VERSION, "roles": self.roles}
+        d = {"version": VERSION, "roles": self.roles}
+        if self.layers:
+            d["layers"] = self.layers
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "EnginePlan":
         if d.get("version") != VERSION:
             raise ValueError(f"{SECTION_KEY}.version: expected {VERSION}, found {d.get('version')!r}; "
                              "regenerate the engine args with this nvfp4stack version")
-        return cls(roles=dict(d.get("roles", {})))
+        return cls(roles=dict(d.get("roles", {})), layers={r: dict(by) for r, by in d.get("layers", {}).items()})
 
 
-def engine_plan_from_plan(plan) -> EnginePlan:
-    """Collapse a planner ``Plan`` (per tensor group) to role -> (served scheme, kernel).
+def _own(entry: dict, kind: str) -> str | None:
+    if not Scheme(entry["scheme"]).is_nvfp4:
+        return None
+    reg = MOE_BACKENDS if kind == "moe" else LINEAR_BACKENDS
+    name = entry["kernel"]
+    return name if name in reg and reg.get(name).provider == "nvfp4stack" else None
 
-    Raises when two groups of one role disagree: vLLM picks methods per module class and prefix,
-    and this table is per role.
+
+def engine_plan_from_plan(plan, *, fp8_prefill: bool = False, mtp_draft: bool = False) -> EnginePlan:
+    """The planner's ``Plan`` (per tensor group) in the engine's terms: one default per role (the
+    decision most of its groups got) and per-layer exceptions for the rest.
+
+    vLLM builds one quantization method per module, so the groups of one role inside one layer
+    (the experts of a MoE layer, w1 next to w3) must agree; when they do not this raises, naming
+    the group. ``mtp_draft``: the MTP block is served as a speculative draft (its routed experts
+    get their own entry, vLLM's speculative_config.moe_backend).
     """
-    roles: dict[str, dict] = {}
+    from collections import Counter
+
+    per_layer: dict[str, dict[str | None, tuple[dict, str]]] = {}
+    mtp_entry = None
     for g in plan.groups:
-        if g.mtp:
-            continue  # MTP modules are planned on their own; vLLM builds them from the same roles
+        if not g.name or g.kernel == "-":
+            continue  # norms, biases, tables: no kernel decision
         entry = {"scheme": g.served.value, "kernel": g.kernel}
-        old = roles.setdefault(g.role, entry)
-        if old != entry:
-            raise ValueError(f"plan: role {g.role!r} has two decisions ({old} and {entry}, e.g. at "
-                             f"{g.name}); the engine applies one per role: make the precision rules agree")
-    return EnginePlan(roles)
+        if g.role in MOE_ROLES and fp8_prefill and g.kernel == FP8_PREFILL_KERNEL:
+            entry["fp8_prefill"] = True
+        if g.mtp:
+            if g.role in MOE_ROLES and mtp_draft and g.served not in (Scheme.BF16, Scheme.PASSTHROUGH):
+                mtp_entry = entry
+            continue  # vLLM builds the MTP draft from the same roles (and its own MoE backend)
+        idx = layer_index(g.name)
+        old = per_layer.setdefault(g.role, {}).setdefault(idx, (entry, g.name))
+        if old[0] != entry:
+            where = f"layer {idx}" if idx is not None else "the model"
+            raise PlanError(
+                f"plan: role {g.role!r} has two decisions in {where} ({old[0]} at {old[1]}, {entry} at "
+                f"{g.name}); vLLM builds one method per module, so every group of a role in one layer "
+                "must agree. Fix: make the precision rules match whole layers (e.g. "
+                "'re:^layers\\.(0|1)\\.ffn\\.experts\\.')")
+    roles: dict[str, dict] = {}
+    layers: dict[str, dict[str, dict]] = {}
+    for role, by in per_layer.items():
+        counts = Counter(_key(e) for e, _ in by.values())
+        default_key = max(counts, key=lambda k: (counts[k], k))
+        roles[role] = dict(default_key)
+        for idx, (e, _) in sorted(by.items(), key=lambda kv: int(kv[0]) if kv[0] is not None else -1):
+            if _key(e) != default_key and idx is not None:
+                layers.setdefault(role, {})[idx] = e
+    if mtp_entry is not None:
+        roles[MTP_EXPERTS] = mtp_entry
+    return EnginePlan(roles, layers)
 
 
-def engine_plan_from_config(cfg) -> EnginePlan:
-    """Role table straight from the recipe (precision per role + backend per kind), no checkpoint scan.
-
-    Backends are resolved (``auto`` included) and validated by the planner's ``select_backend``
-    for ``cfg.arch``; NVFP4 on a weight-only kernel is recorded as served W4A16.
-    Only NVFP4 roles are listed: the others (bf16, fp8_block, passthrough) keep whatever method
-    vLLM gives the checkpoint, and their kernels are vLLM's own choice.
-    """
-    arch = resolve(cfg.arch.name)
-    roles = {}
-    for role, scheme in cfg.precision.role_schemes().items():
-        if not Scheme.parse(scheme, f"precision.{role}").is_nvfp4:
-            continue
-        kind = "moe" if role in MOE_ROLES else "linear"
-        sel = select_backend(kind, getattr(cfg.backend, kind), arch, Scheme.parse(scheme, f"precision.{role}"))
-        roles[role] = {"scheme": sel.served_scheme.value, "kernel": sel.backend}
-        if kind == "moe" and cfg.backend.moe_fp8_prefill:
-            check_moe_fp8_prefill(sel.backend, arch)
-            roles[role]["fp8_prefill"] = True
-    mtp = mtp_expert_scheme(cfg)
-    if cfg.engine.speculative.method == "mtp" and mtp not in (Scheme.BF16, Scheme.PASSTHROUGH):
-        sel = select_backend("moe", cfg.backend.mtp_moe, arch, mtp, key="backend.mtp_moe")
-        roles[MTP_EXPERTS] = {"scheme": sel.served_scheme.value, "kernel": sel.backend}
-    return EnginePlan(roles)
+def _key(entry: dict) -> tuple:
+    return tuple(sorted(entry.items()))
 
 
-def mtp_expert_scheme(cfg) -> Scheme:
-    """What the MTP draft's routed experts are stored as when served (MTP untouched = as released)."""
-    setting = cfg.precision.mtp
-    if setting == "inherit":
-        return Scheme.parse(cfg.precision.routed_experts, "precision.routed_experts")
-    if setting != "passthrough":
-        return Scheme.parse(setting, "precision.mtp")
-    return {"official": Scheme.MXFP4, "modelopt": Scheme.NVFP4}.get(cfg.model.source_format, Scheme.BF16)
+def engine_plan_for(cfg) -> EnginePlan:
+    """The engine plan of a recipe: the planner's own ``Plan`` (precision rules, hard rules, backend
+    validation) over the model's tensor groups (its checkpoint, else its descriptor), so ``plan``
+    and ``serve`` accept and refuse the same things."""
+    from nvfp4stack.plan.build import plan_for_config
+
+    return engine_plan_from_plan(plan_for_config(cfg), fp8_prefill=cfg.backend.moe_fp8_prefill,
+                                 mtp_draft=cfg.engine.speculative.method == "mtp")
+
+
+def layers_with_scheme(plan: EnginePlan, role: str, scheme: Scheme, num_layers: int) -> list[int]:
+    """Decoder layers whose ``role`` modules the plan serves as ``scheme``."""
+    default = plan.roles.get(role)
+    out = []
+    for i in range(num_layers):
+        entry = plan.layers.get(role, {}).get(str(i), default)
+        if entry is not None and entry["scheme"] == scheme.value:
+            out.append(i)
+    return out
 
 
 def quantization_config_with_plan(checkpoint: Path, plan: EnginePlan) -> dict:

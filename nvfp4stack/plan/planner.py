@@ -256,11 +256,13 @@ def check_backend(kind: str, name: str, arch: Arch, scheme: Scheme) -> dict:
         return {"backend": name, "valid": False, "reason": str(e)}
 
 
-def write_plan(plan: Plan, run_dir: Path) -> Path:
+def write_plan(plan: Plan, run_dir: Path, engine: dict | None = None) -> Path:
+    """plan.json; ``engine``: the engine plan section `serve` passes to vLLM for this plan."""
     import json
 
     from nvfp4stack.io_atomic import atomic_write_text
 
     path = Path(run_dir) / "plan.json"
-    atomic_write_text(path, json.dumps(plan.to_json(), indent=2, default=str))
+    body = plan.to_json() | ({"engine": engine} if engine is not None else {})
+    atomic_write_text(path, json.dumps(body, indent=2, default=str))
     return path

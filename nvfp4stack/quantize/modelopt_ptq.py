@@ -21,7 +21,11 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jin
                    "special_tokens_map.json", "generation_config.json")
 
 
-def _quant_cfg(name: str):
+def _quant_cfg(name: str, disable: tuple[str, ...] = ()):
+    """modelopt's named config, with quantizers matching the ``disable`` globs switched off (the
+    plan keeps those modules BF16); modelopt applies its entries in order, so these come last."""
+    import copy
+
     import modelopt.torch.quantization as mtq
 
     if name not in MODELOPT_CONFIGS or not hasattr(mtq, name):
@@ -29,7 +33,12 @@ def _quant_cfg(name: str):
             f"quantize.modelopt_config: expected one of {', '.join(MODELOPT_CONFIGS)}, found {name!r}; "
             "pick one of those"
         )
-    return getattr(mtq, name)
+    cfg = getattr(mtq, name)
+    if not disable:
+        return cfg
+    cfg = copy.deepcopy(cfg)
+    cfg["quant_cfg"] = list(cfg["quant_cfg"]) + [{"quantizer_name": g, "enable": False} for g in disable]
+    return cfg
 
 
 def snapshot_amax(model) -> dict:
@@ -57,7 +66,7 @@ def restore_amax(model, snapshot: dict) -> None:
 
 
 def calibrate(model, tokenizer, quant_cfg_name: str, num_samples: int = 32, max_len: int = 256,
-              seed: int = 0, forward_loop: Callable | None = None):
+              seed: int = 0, forward_loop: Callable | None = None, disable: tuple[str, ...] = ()):
     """Insert modelopt quantizers and calibrate them on the stdlib corpus (or ``forward_loop``)."""
     import modelopt.torch.quantization as mtq
     import torch
@@ -72,13 +81,13 @@ def calibrate(model, tokenizer, quant_cfg_name: str, num_samples: int = 32, max_
             with torch.no_grad():
                 m(input_ids=ids["input_ids"].to(dev))
 
-    return mtq.quantize(model, _quant_cfg(quant_cfg_name), forward_loop or default_loop)
+    return mtq.quantize(model, _quant_cfg(quant_cfg_name, disable), forward_loop or default_loop)
 
 
 def quantize_and_export(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
                         quant_cfg_name: str = "NVFP4_EXPERTS_ONLY_CFG", num_samples: int = 32,
                         max_len: int = 256, seed: int = 0, keep_config_keys: tuple[str, ...] = ("topk_method", "scoring_func"),
-                        ) -> Path:
+                        disable: tuple[str, ...] = ()) -> Path:
     """Quantize the HF model in ``model_dir`` with modelopt and export a unified HF checkpoint.
 
     ``keep_config_keys``: config.json keys transformers' config class drops on save; they are
@@ -93,7 +102,8 @@ def quantize_and_export(model_dir: str | os.PathLike, out_dir: str | os.PathLike
     out = Path(out_dir)
     tokenizer = AutoTokenizer.from_pretrained(src)
     model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16).eval()
-    calibrate(model, tokenizer, quant_cfg_name, num_samples=num_samples, max_len=max_len, seed=seed)
+    calibrate(model, tokenizer, quant_cfg_name, num_samples=num_samples, max_len=max_len, seed=seed,
+              disable=disable)
 
     out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_dir(out) as tmp:

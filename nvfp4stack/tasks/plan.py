@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import replace
 
 from nvfp4stack.arch import resolve
+from nvfp4stack.engine.plan_section import engine_plan_from_plan
 from nvfp4stack.kernels.select import BackendError
 from nvfp4stack.models.resolve import config_json_path
 from nvfp4stack.plan.build import plan_for_config
@@ -68,24 +70,28 @@ def expert_scheme(cfg) -> Scheme:
 
 
 def run(cfg) -> int:
+    """Print and write the plan. Exit 0; 2 when an explicit backend is refused (the plan written
+    beside it is the ``auto`` fallback, for comparison); 1 when the weights leave no room for KV
+    cache (``NOTHING FITS``)."""
     arch = resolve(cfg.arch.name)
     checks = {"moe": check_backend("moe", cfg.backend.moe, arch, expert_scheme(cfg))}
-    backend = cfg.backend
-    if not checks["moe"]["valid"]:
-        print(f"REFUSED backend.moe={cfg.backend.moe} on {arch}: {checks['moe']['reason']}")
-        backend = replace(cfg.backend, moe="auto")
+    refusal = None
     try:
-        plan = plan_for_config(cfg, arch=arch, backend=backend)
+        plan = plan_for_config(cfg, arch=arch)
     except BackendError as e:
-        print(f"error: {e}")
-        return 2
-    plan.backend_checks = checks
-    if backend is not cfg.backend:
+        if not cfg.backend.moe or checks["moe"]["valid"]:
+            raise  # not the MoE choice (linear, mtp_moe): nothing to fall back to
+        # Show what auto would do next to the refusal, then exit 2 with the refusal itself: the
+        # same error `serve` gives for the same overrides.
+        refusal = e
+        plan = plan_for_config(cfg, arch=arch, backend=replace(cfg.backend, moe="auto"))
         chosen = plan.selections.get(f"moe:{expert_scheme(cfg).value}", {}).get("backend")
-        msg = f"backend.moe={cfg.backend.moe} refused on {arch}; planned with backend.moe=auto -> {chosen}"
-        print(msg)
-        plan.warnings.append(msg)
         checks["moe"]["fallback"] = chosen
+        plan.warnings.append(f"REFUSED backend.moe={cfg.backend.moe} on {arch}; shown: backend.moe=auto -> {chosen}")
+    plan.backend_checks = checks
+    # what `serve` will run: the same planner output in the engine's terms (refusals raise here too)
+    engine = engine_plan_from_plan(plan, fp8_prefill=cfg.backend.moe_fp8_prefill,
+                                   mtp_draft=cfg.engine.speculative.method == "mtp")
     print(format_plan(plan))
     if cfg.backend.moe_fp8_prefill:
         print("backend.moe_fp8_prefill=true: the routed experts' FP8 prefill copy (+1 byte/weight, built at load) "
@@ -94,7 +100,12 @@ def run(cfg) -> int:
     if cfg.model.family == "deepseek_v4":
         plan.kv_cache = kv_cache_report(hf, cfg.engine, cfg.arch, plan.gpu_bytes)
         print(format_kv_report(plan.kv_cache))
-    path = write_plan(plan, cfg.run_dir)
+    path = write_plan(plan, cfg.run_dir, engine=engine.to_dict())
     print(f"plan written to {path}")
     print(json.dumps({"backend_checks": checks}, indent=None))
+    if refusal is not None:
+        raise refusal
+    if plan.kv_cache and plan.kv_cache.get("kv_budget_bytes") is not None and plan.kv_cache.get("max_kv_tokens") is None:
+        print("plan: NOTHING FITS on this layout (exit 1): the weights leave no room for KV cache", file=sys.stderr)
+        return 1
     return 0

@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 
 from nvfp4stack.engine.args import format_cli, server_argv
-from nvfp4stack.engine.plan_section import SECTION_KEY, EnginePlan, engine_plan_from_config
+from nvfp4stack.engine.plan_section import SECTION_KEY, EnginePlan, engine_plan_for, layers_with_scheme
+from nvfp4stack.schemes import Scheme
 from nvfp4stack.plan.preflight import host_mismatch
 
 FACTORIES = ("tiny_v3",)
@@ -23,38 +24,49 @@ FACTORIES = ("tiny_v3",)
 CPU_DEFAULT_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 
 
-def tiny_v3_checkpoint(cfg, *, build: bool = True) -> Path:
-    """Cached modelopt-NVFP4 export of the tiny DeepseekV3 (built + quantized when absent)."""
-    from nvfp4stack.models.tiny_v3 import TinyV3Spec
+def tiny_v3_checkpoint(cfg, plan: EnginePlan, *, build: bool = True) -> Path:
+    """Cached modelopt-NVFP4 export of the tiny DeepseekV3 (built + quantized when absent).
+
+    Routed experts the plan keeps BF16 (precision rules naming layers) are left unquantized by
+    modelopt, whose export lists them under ``ignore``: the checkpoint agrees with the plan. When
+    the plan keeps every routed expert BF16 the BF16 build itself is served.
+    """
+    from nvfp4stack.models.tiny_v3 import TinyV3Spec, ensure_tiny_v3
 
     cache = Path(cfg.cache_dir).expanduser() / "tiny_v3"
-    out = cache / "nvfp4"
+    spec = TinyV3Spec()
+    moe_layers = range(spec.first_k_dense_replace, spec.num_hidden_layers)
+    bf16 = [i for i in layers_with_scheme(plan, "routed_experts", Scheme.BF16, spec.num_hidden_layers)
+            if i in moe_layers]
+    if len(bf16) == len(moe_layers):
+        return ensure_tiny_v3(cache, spec) if build else cache / "bf16"
+    out = cache / ("nvfp4" if not bf16 else "nvfp4-bf16-layers-" + "-".join(map(str, bf16)))
     if not build:
         return out
-    from nvfp4stack.models.tiny_v3 import ensure_tiny_v3
     from nvfp4stack.quantize.modelopt_ptq import quantize_and_export
 
-    spec = TinyV3Spec()
-    bf16 = ensure_tiny_v3(cache, spec)
+    src = ensure_tiny_v3(cache, spec)
     stamp = out / "nvfp4stack_source.json"
-    want = json.dumps({"spec": (bf16 / "nvfp4stack_spec.json").read_text(),
-                       "calib_samples": cfg.quantize.calib_samples,
+    want = json.dumps({"spec": (src / "nvfp4stack_spec.json").read_text(),
+                       "calib_samples": cfg.quantize.calib_samples, "bf16_expert_layers": bf16,
                        "calib_seq_len": cfg.quantize.calib_seq_len, "seed": cfg.quantize.seed},
                       sort_keys=True)
     if not (stamp.exists() and stamp.read_text() == want):
-        print(f"[serve] quantizing routed experts of {bf16} to NVFP4 with modelopt -> {out}", flush=True)
-        quantize_and_export(bf16, out, "NVFP4_EXPERTS_ONLY_CFG", num_samples=cfg.quantize.calib_samples,
-                            max_len=cfg.quantize.calib_seq_len, seed=cfg.quantize.seed)
+        keep = f" (layers {bf16} kept BF16 as planned)" if bf16 else ""
+        print(f"[serve] quantizing routed experts of {src} to NVFP4 with modelopt{keep} -> {out}", flush=True)
+        quantize_and_export(src, out, "NVFP4_EXPERTS_ONLY_CFG", num_samples=cfg.quantize.calib_samples,
+                            max_len=cfg.quantize.calib_seq_len, seed=cfg.quantize.seed,
+                            disable=tuple(f"*layers.{i}.mlp.experts*" for i in bf16))
         stamp.write_text(want)
     return out
 
 
-def resolve_checkpoint(cfg, *, build: bool = True) -> Path:
+def resolve_checkpoint(cfg, plan: EnginePlan, *, build: bool = True) -> Path:
     """The directory vLLM loads: model.path, or the factory's cached build."""
     if cfg.model.path:
         return Path(cfg.model.path).expanduser()
     if cfg.model.factory == "tiny_v3":
-        return tiny_v3_checkpoint(cfg, build=build)
+        return tiny_v3_checkpoint(cfg, plan, build=build)
     if not build:
         # dry run of a weight-free recipe (e.g. dsv4_b200 on a laptop): show where the path goes
         return Path(f"/path/to/{cfg.model.name}-checkpoint")
@@ -89,11 +101,12 @@ def run(cfg) -> int:
         return 2
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    plan = engine_plan_from_config(cfg)
-    ckpt = resolve_checkpoint(cfg, build=not engine.dry_run)
+    plan = engine_plan_for(cfg)   # the planner's decisions; raises PlanError/BackendError like `plan`
+    ckpt = resolve_checkpoint(cfg, plan, build=not engine.dry_run)
     argv = build_argv(cfg, plan, ckpt)
     cli = format_cli(argv)
     (run_dir / "serve_command.sh").write_text(cli + "\n")
+    (run_dir / "engine_plan.json").write_text(json.dumps(plan.to_dict(), indent=2) + "\n")
     if engine.dry_run:
         print(cli)
         return 0

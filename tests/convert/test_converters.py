@@ -23,7 +23,7 @@ def vllm_nvfp4(g, dtype=torch.float32):
 
 
 def test_registry_lists_all_with_schemes():
-    want = {"mxfp4_to_nvfp4", "nvfp4_to_bf16", "nvfp4_to_fp8_block", "bf16_to_fp8_block",
+    want = {"mxfp4_to_nvfp4", "mxfp4_to_bf16", "mxfp4_to_fp8_block", "nvfp4_to_bf16", "nvfp4_to_fp8_block", "bf16_to_fp8_block",
             "fp8_block_to_bf16", "bf16_to_nvfp4", "w13_shared_global_scale", "compressor_fuse"}
     assert want <= set(CONVERTERS.names())
     for n in want:
@@ -71,6 +71,22 @@ def test_nvfp4_to_bf16_and_fp8(seed, make_weights):
     out = conv("nvfp4_to_fp8_block").convert(g, "attn.wo_a")
     fq, fs = per_block_cast_to_fp8(vllm_nvfp4(g), use_ue8m0=True)
     assert out["scale"].dtype == torch.float8_e8m0fnu
+    assert torch.equal(out["weight"].view(torch.uint8), fq.view(torch.uint8))
+    assert torch.equal(out["scale"].float(), fs)
+
+
+def test_mxfp4_to_bf16_and_fp8(seed, make_weights):
+    """The release's MXFP4 experts dequantized (the BF16 reference of an experiment) or put on an
+    FP8 block kernel: against vLLM's MXFP4 dequantizer and DeepGEMM's FP8 recipe (vLLM's copy)."""
+    x = make_weights("student_t", (256, 384), torch.Generator().manual_seed(seed))
+    m = quantize_mxfp4(x)
+    g = {"weight": m.data.view(torch.int8), "scale": m.scale.view(torch.float8_e8m0fnu)}  # the release's dtypes
+    ref = _dequant_mxfp4_ue8m0_gran32(m.data, m.scale)
+    out = conv("mxfp4_to_bf16").convert(g, "layers.3.ffn.experts.0.w1")
+    assert set(out) == {"weight"} and out["weight"].dtype == torch.bfloat16
+    assert torch.equal(out["weight"].view(torch.int16), ref.view(torch.int16))
+    out = conv("mxfp4_to_fp8_block").convert(g, "layers.3.ffn.experts.0.w1")
+    fq, fs = per_block_cast_to_fp8(ref.float(), use_ue8m0=True)
     assert torch.equal(out["weight"].view(torch.uint8), fq.view(torch.uint8))
     assert torch.equal(out["scale"].float(), fs)
 

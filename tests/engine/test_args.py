@@ -11,7 +11,7 @@ import pytest
 from nvfp4stack.cli import compose_config
 from nvfp4stack.engine.args import SERVER_MODULE, engine_cli_args, format_cli, server_argv, vllm_moe_backend
 from nvfp4stack.engine.config import EngineConfig, SpeculativeConfig
-from nvfp4stack.engine.plan_section import EnginePlan, engine_plan_from_config
+from nvfp4stack.engine.plan_section import EnginePlan, engine_plan_for
 
 # What the DeepSeek-V4 GPU recipes serve with (issue #5 item 5). Applied on top of the recipe, so
 # the check also holds once the recipe sets them itself.
@@ -54,7 +54,7 @@ def fake_checkpoint(tmp_path, quant_cfg):
                                                        ("dsv4_h200", None, "marlin")])
 def test_dsv4_engine_args_accepted_by_vllm_parser(recipe, moe_flag, draft_moe, vllm_parser, tmp_path):
     cfg = compose(f"recipe={recipe}", *DSV4_ENGINE)
-    plan = engine_plan_from_config(cfg)
+    plan = engine_plan_for(cfg)
     ckpt = fake_checkpoint(tmp_path, {"quant_method": "fp8", "moe_quant_algo": "NVFP4"})
     argv = server_argv(cfg.engine, model=str(ckpt), served_name=cfg.model.served_name, plan=plan)
     print(format_cli(argv))
@@ -90,7 +90,7 @@ def test_dsv4_parsers_and_tokenizer_mode_are_registered_in_vllm():
 
 def test_tiny_cpu_default_args_accepted(vllm_parser, tmp_path):
     cfg = compose()
-    plan = engine_plan_from_config(cfg)
+    plan = engine_plan_for(cfg)
     assert plan.roles["routed_experts"]["kernel"] == "torch_emulation" and plan.needs_plugin()
     ckpt = fake_checkpoint(tmp_path, {"quant_method": "modelopt", "quant_algo": "NVFP4", "ignore": ["lm_head"]})
     argv = server_argv(cfg.engine, model=str(ckpt), served_name=cfg.model.served_name, plan=plan)
@@ -140,7 +140,8 @@ def test_vllm_moe_backend_mapping():
 
 
 def test_dry_run_prints_exact_cli(tmp_path, capsys):
-    """serve with engine.dry_run=true prints the command and starts nothing (no model build)."""
+    """serve with engine.dry_run=true prints the command and starts nothing: it plans over the
+    tiny model's BF16 build exactly as `plan` does, but quantizes nothing."""
     from nvfp4stack.tasks import serve
 
     cfg = compose("engine.dry_run=true", "engine.port=8123", f"cache_dir={tmp_path}/cache")
@@ -150,4 +151,4 @@ def test_dry_run_prints_exact_cli(tmp_path, capsys):
     assert out.startswith(f"{os.sys.executable} -m {SERVER_MODULE} --model ")
     assert "--port 8123" in out and "--quantization nvfp4stack" in out
     assert (tmp_path / "run" / "serve_command.sh").read_text().strip() == out
-    assert not (tmp_path / "cache").exists(), "a dry run must not build the model"
+    assert not list((tmp_path / "cache").glob("tiny_v3/nvfp4*")), "a dry run must not quantize the model"

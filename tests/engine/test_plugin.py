@@ -11,7 +11,7 @@ from nvfp4stack.engine.plan_section import (
     QUANT_METHOD,
     SECTION_KEY,
     EnginePlan,
-    engine_plan_from_config,
+    engine_plan_for,
     engine_plan_from_plan,
     quantization_config_with_plan,
 )
@@ -106,18 +106,30 @@ def test_plan_roles_and_kernels():
         EnginePlan({"routed_experts": {"scheme": "fp5", "kernel": "x"}})
 
 
-def test_engine_plan_from_planner_plan_rejects_split_roles():
+def test_engine_plan_from_planner_plan_keeps_per_layer_decisions():
     from types import SimpleNamespace as NS
 
+    from nvfp4stack.plan.planner import PlanError
     from nvfp4stack.schemes import Scheme
 
-    g = lambda name, kernel: NS(name=name, role="routed_experts", mtp=False, served=Scheme.NVFP4, kernel=kernel)
-    plan = engine_plan_from_plan(NS(groups=[g("layers.0.ffn.experts", "torch_emulation"),
-                                            g("layers.1.ffn.experts", "torch_emulation")]))
-    assert plan.roles == {"routed_experts": {"scheme": "nvfp4", "kernel": "torch_emulation"}}
-    with pytest.raises(ValueError, match="role 'routed_experts' has two decisions"):
-        engine_plan_from_plan(NS(groups=[g("layers.0.ffn.experts", "torch_emulation"),
-                                         g("layers.1.ffn.experts", "marlin")]))
+    def g(name, kernel, served=Scheme.NVFP4):
+        return NS(name=name, role="routed_experts", mtp=False, served=served, kernel=kernel)
+
+    plan = engine_plan_from_plan(NS(groups=[g("layers.0.ffn.experts.0.w1", "torch_emulation"),
+                                            g("layers.1.ffn.experts.0.w1", "torch_emulation")]))
+    assert plan.roles == {"routed_experts": {"scheme": "nvfp4", "kernel": "torch_emulation"}} and not plan.layers
+    # a rule keeping layer 0's experts BF16: the majority is the role default, layer 0 an exception
+    plan = engine_plan_from_plan(NS(groups=[g("layers.0.ffn.experts.0.w1", "unquantized", Scheme.BF16),
+                                            g("layers.1.ffn.experts.0.w1", "torch_emulation"),
+                                            g("layers.2.ffn.experts.0.w1", "torch_emulation")]))
+    assert plan.layers == {"routed_experts": {"0": {"scheme": "bf16", "kernel": "unquantized"}}}
+    assert plan.own_kernel("model.layers.0.ffn.experts", "moe") is None
+    assert plan.own_kernel("model.layers.2.ffn.experts", "moe") == "torch_emulation"
+    assert EnginePlan.from_dict(plan.to_dict()) == plan  # survives --hf-overrides
+    # experts of one layer split between two kernels: vLLM builds one method per MoE layer
+    with pytest.raises(PlanError, match="role 'routed_experts' has two decisions in layer 1"):
+        engine_plan_from_plan(NS(groups=[g("layers.1.ffn.experts.0.w1", "torch_emulation"),
+                                         g("layers.1.ffn.experts.1.w1", "marlin")]))
 
 
 class FakeExpertsLayer(torch.nn.Module):
@@ -218,10 +230,10 @@ def test_engine_plan_carries_fp8_prefill_for_triton_w4a16_only():
     from nvfp4stack.plan.planner import PlanError
 
     cfg = compose_config("recipe=dsv4_h200", "backend.moe=triton_w4a16", "backend.moe_fp8_prefill=true", "run_dir=/tmp/x")
-    ep = engine_plan_from_config(cfg)
+    ep = engine_plan_for(cfg)
     assert ep.roles["routed_experts"] == {"scheme": "nvfp4_w4a16", "kernel": "triton_w4a16", "fp8_prefill": True}
     assert EnginePlan.from_dict(ep.to_dict()).roles == ep.roles  # survives the trip through --hf-overrides
     with pytest.raises(PlanError, match="backend.moe_fp8_prefill"):
-        engine_plan_from_config(compose_config("recipe=dsv4_b200", "backend.moe_fp8_prefill=true", "run_dir=/tmp/x"))
+        engine_plan_for(compose_config("recipe=dsv4_b200", "backend.moe_fp8_prefill=true", "run_dir=/tmp/x"))
     with pytest.raises(ValueError, match="expected keys scheme, kernel"):
         EnginePlan({"routed_experts": {"scheme": "nvfp4", "kernel": "triton_w4a16", "fp8": True}})

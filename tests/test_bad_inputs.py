@@ -164,7 +164,7 @@ def test_config_missing_required_fields():
 
 def test_backend_arch_combination_rejected(tmp_path):
     """A Blackwell-only MoE backend on Hopper: the planner's selection (what plan_for_config, and so
-    serve/convert, use) raises naming the key, the arch and the fix; ``plan`` reports it and falls back."""
+    serve/convert, use) raises naming the key, the arch and the fix; ``plan`` shows the auto fallback and exits 2."""
     from nvfp4stack.arch import resolve
     from nvfp4stack.kernels.select import BackendError, select_backend
     from nvfp4stack.schemes import Scheme
@@ -175,7 +175,8 @@ def test_backend_arch_combination_rejected(tmp_path):
     assert "backend.moe" in msg and "flashinfer_trtllm" in msg and "sm90" in msg and "Fix" in msg
     p = subprocess.run([sys.executable, "main.py", "recipe=dsv4_h200", "backend.moe=flashinfer_trtllm", "plan",
                         f"run_dir={tmp_path / 'run'}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert "backend.moe=flashinfer_trtllm refused on sm90" in p.stdout + p.stderr
+    assert p.returncode == 2 and "REFUSED backend.moe=flashinfer_trtllm on sm90" in p.stdout
+    assert "error: backend.moe=flashinfer_trtllm cannot run nvfp4_w4a16 on sm90" in p.stderr
 
 
 def test_output_directory_present_refused_unless_overwrite(ckpt, tmp_path):

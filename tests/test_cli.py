@@ -95,8 +95,13 @@ def test_plan_dsv4_b200_from_config_json_alone(tmp_path):
 
 
 def test_b200_recipe_on_sm90_refuses_blackwell_backends(tmp_path):
+    """Exit 2 with the refusal as one line (what serve says too); the plan shown and written is the
+    backend.moe=auto fallback, for comparison."""
     r = _main("recipe=dsv4_b200", "arch=sm90", "plan", f"hydra.run.dir={tmp_path}")
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 2, r.stderr
+    err = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(err) == 1 and "backend.moe=flashinfer_trtllm cannot run nvfp4 on sm90" in err[0], r.stderr
+    assert "Traceback" not in r.stderr + r.stdout
     assert "REFUSED backend.moe=flashinfer_trtllm on sm90" in r.stdout
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert plan["backend_checks"]["moe"]["valid"] is False

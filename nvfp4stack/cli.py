@@ -225,23 +225,27 @@ def run_from_dictconfig(cfg) -> int:
     from nvfp4stack.run_dir import prepare_run_dir
 
     run_dir = prepare_run_dir(typed, OmegaConf.to_yaml(cfg, resolve=True))
-    log_path = run_dir / "cli.log"
+    return run_task(lambda: task.run(typed), typed.command, run_dir / "cli.log")
+
+
+def run_task(run, command: str, log_path: Path) -> int:
+    """Run one task under the exit-code contract, its output teed into ``log_path`` (cli.log)."""
     with _tee_to(log_path):
         try:
-            return int(task.run(typed) or 0)
+            return int(run() or 0)
         except _user_errors() as e:
             # Errors written for people (they name the key, the expectation and the fix).
             _log_traceback(log_path)
             msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-            print(f"nvfp4stack {typed.command}: error: {msg}", file=sys.stderr)
+            print(f"nvfp4stack {command}: error: {msg}", file=sys.stderr)
             return EXIT_USAGE
         except KeyboardInterrupt:
-            print(f"nvfp4stack {typed.command}: interrupted (Ctrl-C); rerun the same command to go on "
+            print(f"nvfp4stack {command}: interrupted (Ctrl-C); rerun the same command to go on "
                   "where it can resume", file=sys.stderr)
             return EXIT_INTERRUPTED
         except Exception as e:  # not written for people: one line here, the traceback in the log
             _log_traceback(log_path)
-            print(f"nvfp4stack {typed.command}: unexpected error: {type(e).__name__}: {e} "
+            print(f"nvfp4stack {command}: unexpected error: {type(e).__name__}: {e} "
                   f"(traceback in {log_path})", file=sys.stderr)
             return EXIT_UNEXPECTED
 

@@ -1,4 +1,6 @@
-"""Atomic file writes: write a temporary sibling, fsync, then rename over the target."""
+"""Atomic file writes: write a temporary sibling, fsync, then rename over the target.
+
+What lands follows the user's umask (as a plain open() would), not tempfile's private 0600/0700."""
 from __future__ import annotations
 
 import os
@@ -18,11 +20,37 @@ def atomic_write_text(path: Path | str, text: str) -> Path:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def follow_umask(root: Path) -> None:
+    """mkdtemp/mkstemp create 0700 dirs and 0600 files: give ``root`` and everything under it the
+    modes a plain open()/mkdir() would (0666/0777 minus the umask), like save_pretrained, so a
+    serving account can read what a quantizing account wrote."""
+    mask = _umask()
+    root = Path(root)
+    if root.is_file():
+        os.chmod(root, 0o666 & ~mask)
+        return
+    os.chmod(root, 0o777 & ~mask)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for d in dirnames:
+            os.chmod(os.path.join(dirpath, d), 0o777 & ~mask)
+        for f in filenames:
+            p = os.path.join(dirpath, f)
+            if not os.path.islink(p):
+                os.chmod(p, (0o777 if os.access(p, os.X_OK) else 0o666) & ~mask)
 
 
 @contextmanager
@@ -37,6 +65,7 @@ def atomic_dir(out: Path | str) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
         yield tmp
+        follow_umask(tmp)
         if out.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
             os.replace(out, old / out.name)

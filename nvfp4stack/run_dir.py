@@ -20,7 +20,7 @@ def versions() -> dict[str, str | None]:
         try:
             out[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
-            continue
+            out[dist] = "not installed"  # looked for and absent: say so rather than leave it out
     out["git_sha"] = git_sha()
     return out
 

@@ -46,14 +46,23 @@ def _get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
         return 0, b""
 
 
-def wait_ready(proc: subprocess.Popen, base_url: str, timeout_s: float, log_path: Path) -> list[str]:
+def wait_ready(proc: subprocess.Popen, base_url: str, timeout_s: float, log_path: Path,
+               progress_every_s: float = 10.0) -> list[str]:
     """Poll /health then /v1/models until the model is listed; returns the served model ids.
 
     Raises ServerError (with the log tail) when the process exits or ``timeout_s`` passes.
     """
-    deadline = time.monotonic() + timeout_s
+    t0 = time.monotonic()
+    deadline = t0 + timeout_s
     root = base_url.rstrip("/").removesuffix("/v1")
+    next_note = t0 + progress_every_s
     while time.monotonic() < deadline:
+        if time.monotonic() >= next_note:
+            # the engine takes ~45 s on CPU: say it is alive, and what vLLM is doing
+            last = (log_tail(log_path, 1) or "").strip().splitlines()
+            print(f"[serve] starting engine: {time.monotonic() - t0:4.0f} s; vLLM: "
+                  f"{last[-1][:160] if last else '(no log line yet)'}", flush=True)
+            next_note += progress_every_s
         if proc.poll() is not None:
             raise ServerError(f"vLLM server exited with code {proc.returncode} before it was ready. "
                               f"Log {log_path}, last lines:\n{log_tail(log_path)}")

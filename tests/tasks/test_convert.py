@@ -2,6 +2,7 @@
 import json
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from nvfp4stack.checkpoint.safetensors_io import save_sharded
@@ -11,24 +12,68 @@ from nvfp4stack.tasks import convert as task
 
 def cfg_for(tmp_path, **kw):
     return SimpleNamespace(model=SimpleNamespace(path=str(tmp_path / "src")), run_dir=str(tmp_path / "run"),
-                           convert=ConvertConfig(**kw))
+                           recipe="tiny_test", convert=ConvertConfig(**kw))
 
 
-def test_run_converts_and_refuses_existing(tmp_path):
+def _src(tmp_path, layers=1):
     g = torch.Generator().manual_seed(7)
-    save_sharded({"layers.0.ffn.experts.0.w2.weight": torch.randn(32, 64, generator=g).bfloat16(),
-                  "norm.weight": torch.ones(64)}, tmp_path / "src")
+    t = {f"layers.{i}.ffn.experts.0.w2.weight": torch.randn(32, 64, generator=g).bfloat16() for i in range(layers)}
+    save_sharded({**t, "norm.weight": torch.ones(64)}, tmp_path / "src")
+
+
+def test_run_converts_reruns_and_refuses_a_different_plan(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    _src(tmp_path)
     cfg = cfg_for(tmp_path, rules=["*.experts.*=bf16_to_nvfp4", "norm=passthrough"])
     assert task.run(cfg) == 0
-    out = tmp_path / "run" / "checkpoint"
-    idx = json.loads((out / "model.safetensors.index.json").read_text())
+    outs = list((tmp_path / "outputs" / "converted").iterdir())
+    assert len(outs) == 1 and outs[0].name.startswith("tiny_test-")  # stable: recipe + source + plan
+    idx = json.loads((outs[0] / "model.safetensors.index.json").read_text())
     assert "layers.0.ffn.experts.0.w2.weight_scale_2" in idx["weight_map"]
-    assert task.run(cfg) == 1  # exists, overwrite=false
-    assert task.run(cfg_for(tmp_path, rules=["*=passthrough"], overwrite=True)) == 0
-    bad = cfg_for(tmp_path, rules=["*.experts.*=bf16_to_nvfp4"], unknown_tensors="error", dst=str(tmp_path / "o2"))
-    assert task.run(bad) == 1
+    capsys.readouterr()
+    assert task.run(cfg) == 0  # the same command again: found complete, nothing rewritten
+    assert "already complete" in capsys.readouterr().out
+    assert len(list((tmp_path / "outputs" / "converted").iterdir())) == 1
+    fixed = cfg_for(tmp_path, rules=["*=passthrough"], dst=str(outs[0]))
+    with pytest.raises(FileExistsError, match="convert.overwrite=true"):
+        task.run(fixed)
+    assert task.run(cfg_for(tmp_path, rules=["*=passthrough"], dst=str(outs[0]), overwrite=True)) == 0
+    with pytest.raises(ValueError, match="convert.unknown_tensors=passthrough"):
+        task.run(cfg_for(tmp_path, rules=["*.experts.*=bf16_to_nvfp4"], unknown_tensors="error", dst="o2"))
     cfg.model.path = str(tmp_path / "missing")
-    assert task.run(cfg) == 2
+    with pytest.raises(FileNotFoundError, match="convert.src"):
+        task.run(cfg)
+
+
+def test_interrupted_convert_resumes_with_the_same_bytes(tmp_path, monkeypatch, capsys):
+    """Ctrl-C after the first shard; the same command again prints the resume line and ends
+    byte-identical to an uninterrupted conversion."""
+    from nvfp4stack.convert import stream
+
+    monkeypatch.chdir(tmp_path)
+    _src(tmp_path, layers=6)
+    rules = ["*.experts.*=bf16_to_nvfp4", "norm=passthrough"]
+    assert task.run(cfg_for(tmp_path, rules=rules, max_shard_bytes=1500, dst=str(tmp_path / "whole"))) == 0
+    real = stream._append_journal
+    calls = {"n": 0}
+
+    def interrupt_after_first(tmp, entry):
+        real(tmp, entry)
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(stream, "_append_journal", interrupt_after_first)
+    cfg = cfg_for(tmp_path, rules=rules, max_shard_bytes=1500)
+    with pytest.raises(KeyboardInterrupt):
+        task.run(cfg)
+    capsys.readouterr()
+    assert task.run(cfg) == 0
+    assert "resuming after shard 1 (" in capsys.readouterr().out
+    out = next((tmp_path / "outputs" / "converted").iterdir())
+    whole = json.loads((tmp_path / "whole" / "manifest.json").read_text())
+    resumed = json.loads((out / "manifest.json").read_text())
+    assert resumed == whole and len([f for f in whole if f.endswith(".safetensors")]) >= 3
 
 
 def test_config_validation_names_the_key():

@@ -123,3 +123,9 @@ def test_multirun_backend_sweep(tmp_path):
     assert set(checks) == {"cutedsl", "flashinfer_trtllm", "marlin", "triton_w4a16"}
     assert all(c["valid"] for c in checks.values())
     assert checks["marlin"]["served_scheme"] == "nvfp4_w4a16"
+    # the sweep's summary table (md + CSV), one row per job
+    md = (tmp_path / "sweep_report.md").read_text()
+    assert (tmp_path / "sweep_report.csv").exists() and "sweep report" in r.stdout
+    for backend in ("cutedsl", "flashinfer_trtllm", "marlin", "triton_w4a16"):
+        assert f"| {backend} |" in md
+    assert "gpu_weight_bytes" in md or "gpu_weight_bytes=" in md

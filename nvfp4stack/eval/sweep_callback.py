@@ -1,4 +1,4 @@
-"""Hydra callback: write the sweep report when a multirun of ``eval`` or ``bench`` ends.
+"""Hydra callback: write the sweep report when a multirun of ``eval``, ``bench`` or ``plan`` ends.
 
 Enable in conf/config.yaml:  hydra: {callbacks: {sweep_report: {_target_: nvfp4stack.eval.sweep_callback.SweepReportCallback}}}
 """
@@ -14,7 +14,7 @@ class SweepReportCallback(Callback):
     def on_multirun_end(self, config, **kwargs) -> None:
         from nvfp4stack.eval.sweep_report import write_sweep_report
 
-        if config.get("command") not in ("eval", "bench"):
+        if config.get("command") not in ("eval", "bench", "plan"):
             return
         sweep_dir = Path(config.hydra.sweep.dir)
         try:

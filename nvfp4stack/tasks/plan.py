@@ -69,6 +69,23 @@ def expert_scheme(cfg) -> Scheme:
     return s
 
 
+def _write_summary(cfg, plan: Plan, checks: dict) -> None:
+    """metrics.json: the plan's headline figures, one row of a multirun's sweep report."""
+    from pathlib import Path
+
+    from nvfp4stack.io_atomic import atomic_write_text
+
+    moe = checks["moe"]
+    kv = plan.kv_cache or {}
+    row = {"moe_backend_requested": moe["backend"], "moe_backend_valid": "yes" if moe["valid"] else "REFUSED",
+           "moe_backend_planned": plan.selections.get(f"moe:{expert_scheme(cfg).value}", {}).get("backend", "-"),
+           "experts_served": moe.get("served_scheme", "-"), "total_params": plan.total_params,
+           "weight_bytes": plan.total_bytes, "gpu_weight_bytes": plan.gpu_bytes}
+    if kv.get("max_kv_tokens") is not None:
+        row["max_kv_tokens"] = kv["max_kv_tokens"]
+    atomic_write_text(Path(cfg.run_dir) / "metrics.json", json.dumps(row, indent=2))
+
+
 def run(cfg) -> int:
     """Print and write the plan. Exit 0; 2 when an explicit backend is refused (the plan written
     beside it is the ``auto`` fallback, for comparison); 1 when the weights leave no room for KV
@@ -101,6 +118,7 @@ def run(cfg) -> int:
         plan.kv_cache = kv_cache_report(hf, cfg.engine, cfg.arch, plan.gpu_bytes)
         print(format_kv_report(plan.kv_cache))
     path = write_plan(plan, cfg.run_dir, engine=engine.to_dict())
+    _write_summary(cfg, plan, checks)
     print(f"plan written to {path}")
     print(json.dumps({"backend_checks": checks}, indent=None))
     if refusal is not None:

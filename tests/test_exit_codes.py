@@ -46,6 +46,8 @@ def test_1_a_check_found_problems(tmp_path):
     (("precision.nonsense=1", "plan"), ("unknown config key 'precision.nonsense'", "routed_experts")),
     (("recipe=dsv4_b200", "precision.attn.wo_a=nvfp4", "serve", "engine.dry_run=true"),
      ("wo_a cannot be nvfp4", "Fix: precision.attn.wo_a=fp8_block")),
+    (("recipe=tiny_dsv4", "precision.attn.wo_a=nvfp4", "eval", "eval.num_prompts=2", "eval.max_tokens=16"),
+     ("nvfp4stack eval: error:", "wo_a cannot be nvfp4")),
 ])
 def test_2_usage_or_config_error_is_one_line(tmp_path, args, words):
     r = _main(*args, tmp_path=tmp_path)

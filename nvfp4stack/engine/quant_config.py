@@ -7,6 +7,7 @@ vLLM's own backends keep vLLM's methods, selected by vLLM's flags (--moe-backend
 """
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -15,6 +16,16 @@ from vllm.model_executor.layers.quantization.base_config import QuantizationConf
 
 from nvfp4stack.engine.plan_section import QUANT_METHOD, SECTION_KEY, EnginePlan
 from nvfp4stack.schemes import Scheme
+
+log = logging.getLogger("vllm.nvfp4stack")  # under vLLM's logger: its handlers, in the server log
+
+
+def _built(prefix: str, method):
+    """Log the method vLLM builds for a MoE module (tests read the server log for it). None means
+    vLLM's own default, UnquantizedFusedMoEMethod (routed_experts.py: ``if quant_method is None``)."""
+    log.info("nvfp4stack: %s -> %s", prefix, type(method).__name__ if method is not None else "UnquantizedFusedMoEMethod")
+    return method
+
 
 # Built-in vLLM methods our wrapper may sit on, most specific first (vLLM's own override order).
 BASE_METHODS = ("modelopt_fp4", "modelopt_mixed", "modelopt_mxfp8", "modelopt", "deepseek_v4_fp8", "fp8")
@@ -113,9 +124,12 @@ class Nvfp4StackConfig(QuantizationConfig):
 
                 self._check_nvfp4_module(prefix)
                 entry = self.plan.entry_for(prefix)
-                return Nvfp4StackModelOptMoE(self.base, layer.moe_config, kernel=kernel,
-                                             scheme=Scheme(entry["scheme"]), prefix=prefix,
-                                             fp8_prefill=bool(entry.get("fp8_prefill", False)))
+                return _built(prefix, Nvfp4StackModelOptMoE(self.base, layer.moe_config, kernel=kernel,
+                                                            scheme=Scheme(entry["scheme"]), prefix=prefix,
+                                                            fp8_prefill=bool(entry.get("fp8_prefill", False))))
+            method = self.base.get_quant_method(layer, prefix)
+            self._check_unquantized_module(prefix, method)
+            return _built(prefix, method)
         elif isinstance(layer, LinearBase):
             kernel = self.plan.own_kernel(prefix, "linear")
             if kernel is not None:
@@ -126,6 +140,17 @@ class Nvfp4StackConfig(QuantizationConfig):
                     "vLLM linear method yet; set backend.linear=vllm_emulation (or another vLLM backend)"
                 )
         return self.base.get_quant_method(layer, prefix)
+
+    def _check_unquantized_module(self, prefix: str, method) -> None:
+        """The plan keeps this module BF16: the checkpoint's own config must not quantize it."""
+        entry = self.plan.entry_for(prefix)
+        if entry is not None and entry["scheme"] == Scheme.BF16.value and method is not None \
+                and not type(method).__name__.startswith("Unquantized"):
+            raise ValueError(
+                f"{prefix}: the plan keeps it BF16, but the checkpoint's quantization_config ({self.base_name}) "
+                f"gives it {type(method).__name__}: the checkpoint was quantized with other precision rules. "
+                "Fix: re-quantize with the recipe's rules (serve rebuilds the tiny model itself), or make the "
+                "rules match the checkpoint")
 
     def _check_nvfp4_module(self, prefix: str) -> None:
         """The plan says NVFP4 here: the checkpoint must agree, else loading would fail obscurely."""

@@ -7,6 +7,7 @@ Writes metrics.json and metrics.md into cfg.run_dir.
 """
 from __future__ import annotations
 
+import sys
 import time
 
 
@@ -69,4 +70,9 @@ def run(cfg) -> int:
     j, m = write_eval(cfg.run_dir, metrics)
     print(m.read_text())
     print(f"eval: wrote {j} and {m} in {metrics['seconds']} s")
+    if metrics.get("plan_error"):
+        # the emulated fidelity is still reported, but this precision cannot be served as configured
+        print(f"nvfp4stack eval: error: the recipe's plan failed ({metrics['plan_error']}); the metrics "
+              "above are emulation only. Fix the precision/backend keys it names (see `plan`)", file=sys.stderr)
+        return 2
     return 0

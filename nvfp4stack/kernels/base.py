@@ -24,6 +24,7 @@ class KernelBackend:
     provider: ClassVar[str] = "vllm"
     schemes: ClassVar[tuple[Scheme, ...]] = ()
     vllm_moe_backend: ClassVar[str | None] = None  # value for vLLM's --moe-backend, if any
+    vllm_linear_backend: ClassVar[str | None] = None  # value for vLLM's --linear-backend, if any
     # True when the kernel quantizes activations to FP4 (W4A4): needs FP4 tensor cores unless
     # ``emulated``. Weight-only kernels run NVFP4 checkpoints with bf16 activations.
     activation_fp4: ClassVar[bool] = False

@@ -152,3 +152,16 @@ def test_dry_run_prints_exact_cli(tmp_path, capsys):
     assert "--port 8123" in out and "--quantization nvfp4stack" in out
     assert (tmp_path / "run" / "serve_command.sh").read_text().strip() == out
     assert not list((tmp_path / "cache").glob("tiny_v3/nvfp4*")), "a dry run must not quantize the model"
+
+
+@pytest.mark.parametrize("linear,flag", [("auto", "cutlass"), ("deep_gemm", "deep_gemm"), ("triton", "triton")])
+def test_backend_linear_reaches_vllm(linear, flag, vllm_parser, tmp_path):
+    """backend.linear is real: the plan's linear kernel becomes vLLM's --linear-backend."""
+    cfg = compose("recipe=dsv4_b200", f"backend.linear={linear}", *DSV4_ENGINE)
+    plan = engine_plan_for(cfg)
+    assert {e["kernel"] for r, e in plan.roles.items() if r.startswith("attn.") and e["scheme"] == "fp8_block"} == {
+        {"auto": "cutlass"}.get(linear, linear)}
+    ckpt = fake_checkpoint(tmp_path, {"quant_method": "fp8", "moe_quant_algo": "NVFP4"})
+    argv = server_argv(cfg.engine, model=str(ckpt), served_name=cfg.model.served_name, plan=plan)
+    _, ea = parse_with_vllm(vllm_parser, argv[3:])
+    assert ea.linear_backend == flag

@@ -90,6 +90,11 @@ def test_vllm_flag_values_exist_in_vllm():
         cls = MOE_BACKENDS.get(name)
         if cls.provider == "vllm":
             assert cls.vllm_moe_backend in valid, f"{name}: {cls.vllm_moe_backend} not in vLLM's MoEBackend"
+    linear_valid = set(typing.get_args(kernel.LinearBackend))
+    for name in LINEAR_BACKENDS.names():
+        cls = LINEAR_BACKENDS.get(name)
+        if cls.provider == "vllm":
+            assert cls.vllm_linear_backend in linear_valid, f"{name}: {cls.vllm_linear_backend} not in vLLM's LinearBackend"
 
 
 def test_torch_emulation_linear_matches_dequantized_gemm():

@@ -7,6 +7,7 @@ from nvfp4stack.schemes import Scheme
 @LINEAR_BACKENDS.register("cutlass")
 class CutlassLinear(VllmBackend):
     kind = "linear"
+    vllm_linear_backend = "cutlass"
     schemes = (Scheme.FP8_BLOCK, Scheme.NVFP4)
     min_capability = (9, 0)
     activation_fp4 = True

@@ -6,6 +6,7 @@ from nvfp4stack.schemes import Scheme
 @LINEAR_BACKENDS.register("deep_gemm")
 class DeepGemmLinear(VllmBackend):
     kind = "linear"
+    vllm_linear_backend = "deep_gemm"
     schemes = (Scheme.FP8_BLOCK,)
     min_capability = (9, 0)
     needs = "DeepGEMM's FP8 wgmma/tcgen05 GEMMs"

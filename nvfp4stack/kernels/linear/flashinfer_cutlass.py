@@ -6,6 +6,7 @@ from nvfp4stack.schemes import Scheme
 @LINEAR_BACKENDS.register("flashinfer_cutlass")
 class FlashInferCutlassLinear(VllmBackend):
     kind = "linear"
+    vllm_linear_backend = "flashinfer_cutlass"
     schemes = (Scheme.NVFP4,)
     archs = MXF4NVF4_ARCHS + ("sm120",)
     activation_fp4 = True

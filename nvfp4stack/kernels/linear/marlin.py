@@ -6,6 +6,7 @@ from nvfp4stack.schemes import Scheme
 @LINEAR_BACKENDS.register("marlin")
 class MarlinLinear(VllmBackend):
     kind = "linear"
+    vllm_linear_backend = "marlin"
     schemes = (Scheme.NVFP4, Scheme.NVFP4_W4A16, Scheme.MXFP4, Scheme.FP8_BLOCK)
     min_capability = (8, 0)
     needs = "Marlin's mma.sync bf16 path"

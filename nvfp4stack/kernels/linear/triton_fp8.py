@@ -6,6 +6,7 @@ from nvfp4stack.schemes import Scheme
 @LINEAR_BACKENDS.register("triton")
 class TritonFp8Linear(VllmBackend):
     kind = "linear"
+    vllm_linear_backend = "triton"
     schemes = (Scheme.FP8_BLOCK,)
     min_capability = (8, 9)
     needs = "FP8 E4M3 tensor cores"

@@ -7,6 +7,7 @@ from nvfp4stack.schemes import Scheme
 @LINEAR_BACKENDS.register("vllm_emulation")
 class VllmEmulationLinear(VllmBackend):
     kind = "linear"
+    vllm_linear_backend = "emulation"
     schemes = (Scheme.NVFP4, Scheme.NVFP4_W4A16)
     activation_fp4 = True
     emulated = True

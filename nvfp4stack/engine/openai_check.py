@@ -1,0 +1,88 @@
+"""Check a live OpenAI-compatible server with the official ``openai`` client, and compare its
+teacher-forced prompt logprobs with the transformers reference forward of the same weights.
+
+``python -m nvfp4stack.engine.openai_check --base-url URL --bf16 DIR --nvfp4 DIR [--json OUT]``:
+models, completion, chat, streaming (equal to the non-streamed text), 32 concurrent requests, then
+per prompt the |delta logprob| of every prompt token between vLLM (``prompt_logprobs``) and
+``tiny_v3.reference_model`` (fp32, W4A16: bf16 activations served, so the tolerance is bf16's).
+Used on the GPU host, where no pytest suite runs; prints one JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import statistics
+import time
+
+PROMPTS = ["The function returns", "Return the number of", "This module provides", "If the argument is",
+           "The default value of", "Raise an exception when"]
+
+
+def client_checks(client, model: str) -> dict:
+    out: dict = {"models": [m.id for m in client.models.list().data]}
+    c = client.completions.create(model=model, prompt=PROMPTS[0], max_tokens=16, temperature=0)
+    out["completion"] = c.choices[0].text
+    chat = client.chat.completions.create(model=model, messages=[{"role": "user", "content": PROMPTS[1]}],
+                                          max_tokens=16, temperature=0)
+    out["chat"] = chat.choices[0].message.content
+    stream = client.completions.create(model=model, prompt=PROMPTS[0], max_tokens=16, temperature=0, stream=True)
+    out["stream_equals_completion"] = "".join(ch.choices[0].text for ch in stream if ch.choices) == out["completion"]
+
+    def one(i):
+        r = client.completions.create(model=model, prompt=PROMPTS[i % len(PROMPTS)], max_tokens=8, temperature=0)
+        return r.choices[0].text
+
+    t0 = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(32) as pool:
+        texts = list(pool.map(one, range(32)))
+    out["concurrent_32"] = {"answered": sum(isinstance(t, str) for t in texts), "seconds": round(time.monotonic() - t0, 2),
+                            "deterministic": all(texts[i] == texts[i % len(PROMPTS)] for i in range(32))}
+    return out
+
+
+def logprob_deltas(client, model: str, bf16_dir: str, nvfp4_dir: str) -> dict:
+    import torch
+    from transformers import AutoTokenizer
+
+    from nvfp4stack.models.tiny_v3 import reference_model
+
+    tok = AutoTokenizer.from_pretrained(bf16_dir)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    ref = reference_model(bf16_dir, nvfp4_dir, w4a4=False).to(dev)
+    per_prompt = []
+    for p in PROMPTS:
+        ids = tok(p)["input_ids"]
+        with torch.no_grad():
+            logits = ref(torch.tensor([ids], device=dev)).logits[0].float()
+        ref_lp = torch.log_softmax(logits, -1)[:-1].gather(1, torch.tensor(ids[1:], device=dev)[:, None])[:, 0]
+        r = client.completions.create(model=model, prompt=ids, max_tokens=1, temperature=0,
+                                      extra_body={"prompt_logprobs": 0})
+        got = [entry[str(t)]["logprob"] for entry, t in zip(r.choices[0].prompt_logprobs[1:], ids[1:])]
+        d = [abs(a - b) for a, b in zip(got, ref_lp.tolist())]
+        per_prompt.append({"prompt": p, "tokens": len(d), "max_abs": max(d), "mean_abs": statistics.mean(d)})
+    all_max = [x["max_abs"] for x in per_prompt]
+    return {"per_prompt": per_prompt, "max_abs": max(all_max), "median_of_max": statistics.median(all_max)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--base-url", required=True)
+    ap.add_argument("--bf16", required=True, help="the BF16 checkpoint the NVFP4 export was made from")
+    ap.add_argument("--nvfp4", required=True, help="the served NVFP4 checkpoint")
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    import openai
+
+    client = openai.OpenAI(base_url=args.base_url, api_key="EMPTY", timeout=300)
+    model = client.models.list().data[0].id
+    res = {"model": model, **client_checks(client, model), "logprobs": logprob_deltas(client, model, args.bf16, args.nvfp4)}
+    text = json.dumps(res, indent=1)
+    print(text)
+    if args.json:
+        open(args.json, "w").write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -3,7 +3,8 @@
 No weight calibration: each expert's MXFP4 (E2M1 + UE8M0/32) becomes NVFP4 via the
 ``mxfp4_to_nvfp4`` converter, then w1/w3 get one shared global scale via ``w13_shared_global_scale``
 (vLLM fuses them into one GEMM). The activation ``input_scale`` cannot come from the weights: it is
-taken from a saved calibration state (``quantize.amax_path``) or from ``quantize.cast_input_amax``.
+taken from a saved calibration state (``quantize.amax_path``), ``quantize.cast_input_amax``, an
+activation-only calibration, or (weight-only W4A16 targets) a unit placeholder.
 Everything else (FP8 attention, MTP by default) is copied byte for byte by dsv4_export.
 """
 from __future__ import annotations
@@ -16,6 +17,11 @@ from nvfp4stack.formats.nvfp4 import GLOBAL_DIVISOR
 
 MXFP4_TO_NVFP4 = "mxfp4_to_nvfp4"
 W13_SHARED = "w13_shared_global_scale"
+# A W4A16-only cast still writes input_scale: vLLM creates the parameter for every NVFP4 MoE layer
+# (unset bytes if the checkpoint lacks it) and the doctor requires it. amax = 2688 gives exactly
+# input_scale 1.0, vLLM's own unit activation scale (per-token mode fills 1.0): finite, positive,
+# and never read by weight-only kernels.
+W4A16_PLACEHOLDER_AMAX = float(GLOBAL_DIVISOR)
 
 
 def _converter(name: str):

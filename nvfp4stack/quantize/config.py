@@ -26,7 +26,9 @@ class QuantizeConfig:
     mtp: ``copy`` keeps the MTP block byte for byte; ``nvfp4`` quantizes its routed experts too,
       like modelopt's DSV4 exporter does.
     amax_path: a saved calibration state (calib_state dir) whose activation amax gives the
-      input_scale of a cast; cast_input_amax is the explicit data-free alternative.
+      input_scale of a cast; cast_input_amax is the explicit data-free alternative. Without
+      either, a cast whose plan serves the experts W4A4 calibrates activations on the BF16 source;
+      a weight-only (W4A16) target needs no amax and gets a unit placeholder input_scale.
     """
 
     method: str = "modelopt"

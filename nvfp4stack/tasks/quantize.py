@@ -85,13 +85,41 @@ def _amax_lookup(amax: dict, where: str):
     return from_state
 
 
-def _cast_input_amax(q, source, state_dir: Path, recipe: str):
+def cast_activation_target(cfg, base_dir: Path, quantize_mtp: bool) -> tuple[bool, str]:
+    """(needs activation amax, what the plan serves) for the routed experts a cast writes.
+
+    The plan of the release checkpoint under the config's precision, arch and backend decides:
+    experts served W4A4 (NVFP4 activations) need a calibrated ``input_scale``; weight-only ones
+    (``precision.routed_experts=nvfp4_w4a16``, or an arch/backend that runs NVFP4 as W4A16) never
+    read it.
+    """
+    from nvfp4stack.arch import resolve
+    from nvfp4stack.plan.build import layout_of
+    from nvfp4stack.plan.groups import groups_from_checkpoint, load_config_json
+    from nvfp4stack.plan.planner import build_plan
+    from nvfp4stack.schemes import Scheme
+
+    hf = load_config_json(base_dir / "config.json")
+    plan = build_plan(groups_from_checkpoint(base_dir, hf.get("num_hidden_layers")), model=cfg.model.name,
+                      family=cfg.model.family, arch=resolve(cfg.arch.name), source_format="official",
+                      precision=cfg.precision, backend=cfg.backend, layout=layout_of(cfg.engine),
+                      fp8_ue8m0=cfg.precision.fp8_scale_fmt == "ue8m0")
+    experts = [g for g in plan.groups if g.role == "routed_experts" and (quantize_mtp or not g.mtp)
+               and g.target in (Scheme.NVFP4, Scheme.NVFP4_W4A16)]
+    served = sorted({f"{g.served.value} on {g.kernel}" for g in experts})
+    where = f"routed experts served {', '.join(served) or 'not as NVFP4'} on {plan.arch}"
+    return any(g.served is Scheme.NVFP4 for g in experts), where
+
+
+def _cast_input_amax(q, source, state_dir: Path, recipe: str, needs_amax: bool, target: str):
     """Where a cast's activation amax (-> input_scale) comes from, in order: quantize.amax_path, a
-    constant quantize.cast_input_amax, else a calibration of activations only on the BF16 source
-    (the weights stay a data-free cast). Without any of them the cast cannot write input scales."""
+    constant quantize.cast_input_amax; then, for a weight-only (W4A16) target, none at all (a unit
+    placeholder input_scale); for a W4A4 target, a calibration of activations only on the BF16
+    source (the weights stay a data-free cast). A W4A4 target with none of them stops."""
     import torch
 
     from nvfp4stack.quantize.calib_state import load_state, save_state
+    from nvfp4stack.quantize.cast import W4A16_PLACEHOLDER_AMAX
 
     if q.amax_path:
         amax, _ = load_state(q.amax_path)
@@ -99,11 +127,18 @@ def _cast_input_amax(q, source, state_dir: Path, recipe: str):
     if q.cast_input_amax is not None:
         const = torch.tensor(float(q.cast_input_amax))
         return (lambda path: const), "cast_input_amax"
+    if not needs_amax:
+        print(f"quantize: cast: {target}: weight-only, so no activation amax is needed; this checkpoint "
+              "is W4A16-only (input_scale = 1.0 placeholder, never read by weight-only kernels). For W4A4 "
+              f"serving, re-run with quantize.amax_path=<calib_state> (`python main.py recipe={recipe} "
+              "quantize` writes one) or quantize.cast_input_amax=X", flush=True)
+        placeholder = torch.tensor(W4A16_PLACEHOLDER_AMAX)
+        return (lambda path: placeholder), "w4a16_placeholder"
     if source is not None:
         from nvfp4stack.quantize.dsv4_calibrate import calibrate_dsv4
 
-        print(f"quantize: cast: no quantize.amax_path or quantize.cast_input_amax; calibrating the "
-              f"activation amax on the BF16 source {source} ({q.calib_samples} samples; weights stay "
+        print(f"quantize: cast: {target} (W4A4) needs activation amax and none was given; calibrating "
+              f"activations only on the BF16 source {source} ({q.calib_samples} samples; the weights stay "
               "a data-free cast)", flush=True)
         amax, meta = calibrate_dsv4(source, samples=q.calib_samples, seq_len=q.calib_seq_len,
                                     batch_size=q.calib_batch_size, seed=q.seed)
@@ -111,11 +146,12 @@ def _cast_input_amax(q, source, state_dir: Path, recipe: str):
         save_state(state_dir, amax, meta)
         return _amax_lookup(amax, f"calibration state {state_dir}"), "calibrated_activations"
     raise ValueError(
-        "quantize.amax_path / quantize.cast_input_amax: the cast writes NVFP4 input_scale (activation "
-        "amax / 2688) and found no amax source: no saved calibration state, no constant, and no BF16 "
-        f"quantize.source to calibrate activations on. Fix: run `python main.py recipe={recipe} quantize` "
-        "(modelopt; it writes <run_dir>/calib_state) and pass quantize.amax_path=<that calib_state>, "
-        "or set quantize.source=<BF16 checkpoint>, or quantize.cast_input_amax=<activation amax>")
+        f"quantize.amax_path: the cast's {target} (W4A4) need an activation amax for input_scale, found "
+        "no quantize.amax_path, no quantize.cast_input_amax and no BF16 quantize.source to calibrate on; "
+        f"fix: `python main.py recipe={recipe} quantize quantize.method=cast quantize.source=<BF16 "
+        f"checkpoint>` (calibrates activations), or `python main.py recipe={recipe} quantize` once and "
+        "then pass quantize.amax_path=<its run dir>/calib_state, or quantize.cast_input_amax=<amax>, or "
+        "cast weight-only with precision.routed_experts=nvfp4_w4a16")
 
 
 def run(cfg) -> int:
@@ -171,7 +207,10 @@ def run(cfg) -> int:
         extra["calibration"] = meta
         make = CalibratedExperts(base, src_reader, amax)
     else:
-        input_amax, extra["input_amax_from"] = _cast_input_amax(q, source, state_dir, cfg.recipe)
+        needs_amax, target = cast_activation_target(cfg, base_dir, q.mtp == "nvfp4")
+        input_amax, extra["input_amax_from"] = _cast_input_amax(q, source, state_dir, cfg.recipe,
+                                                                needs_amax, target)
+        extra["activations"] = "w4a4" if needs_amax else "w4a16_only"
         from nvfp4stack.quantize.cast import CastExperts
 
         make = CastExperts(base, input_amax)
@@ -180,6 +219,7 @@ def run(cfg) -> int:
     report = write_report(run_dir, method=q.method, out_dir=out, before_dir=base_dir,
                           reference_dir=source, extra=extra)
     rel = report["weight_error_vs_bf16"].get("routed_experts", {}).get("rel_error")
-    print(f"quantize: wrote {out}; routed-expert rel error vs BF16 = {rel}; "
+    only = " (W4A16-only: placeholder input_scale)" if extra.get("activations") == "w4a16_only" else ""
+    print(f"quantize: wrote {out}{only}; routed-expert rel error vs BF16 = {rel}; "
           f"bytes {report['bytes_before']:,} -> {report['bytes_after']:,}; report in {run_dir}")
     return 0

@@ -113,3 +113,24 @@ def test_torch_emulation_linear_matches_dequantized_gemm():
     ref = (x.float() @ qw.dequantize(torch.float32).t()).to(torch.bfloat16)
     assert y.dtype == torch.bfloat16 and torch.equal(y, ref)
     assert select_backend("linear", "auto", resolve("cpu"), Scheme.FP8_BLOCK).backend == "torch_emulation"
+
+
+def test_official_tiny_plan_puts_mxfp4_mtp_experts_on_torch_emulation():
+    """`python main.py recipe=tiny_dsv4 model.source_format=official plan` on CPU: the untouched MTP
+    block's MXFP4 experts get backend.mtp_moe=auto -> torch_emulation, next to the NVFP4 main experts."""
+    from nvfp4stack.cli import compose_config
+    from nvfp4stack.plan.build import plan_for_config
+
+    cfg = compose_config("recipe=tiny_dsv4", "model.source_format=official", "run_dir=/tmp/unused")
+    assert cfg.arch.name == "cpu" and cfg.backend.mtp_moe == "auto"
+    plan = plan_for_config(cfg)
+    experts = [g for g in plan.groups if g.role == "routed_experts"]
+    mtp = [g for g in experts if g.mtp]
+    assert mtp and len(mtp) < len(experts)
+    for g in mtp:
+        assert (g.source, g.target, g.served, g.kernel) == (Scheme.MXFP4, Scheme.MXFP4, Scheme.MXFP4,
+                                                            "torch_emulation"), g.name
+    for g in experts:
+        if not g.mtp:
+            assert (g.source, g.target, g.kernel) == (Scheme.MXFP4, Scheme.NVFP4, "torch_emulation"), g.name
+    assert plan.selections["mtp_moe:mxfp4"]["backend"] == "torch_emulation"

@@ -128,9 +128,74 @@ def test_cast_is_data_free_and_exact_to_the_release(root, modelopt_run, tmp_path
 def test_cast_without_activation_amax_source_fails_naming_the_commands(root, tmp_path):
     cfg = make_cfg(root, tmp_path, method="cast")
     cfg.quantize.source = ""   # release only: nothing to calibrate activations on
-    with pytest.raises(ValueError, match=r"quantize.amax_path.*python main.py recipe=.* quantize.*cast_input_amax"):
+    fix = r"quantize.amax_path.*python main.py recipe=.* quantize.*cast_input_amax"
+    with pytest.raises(ValueError, match=fix) as e:
         task.run(cfg)
-    assert not (tmp_path / "quantized").exists()
+    msg = str(e.value)
+    assert "\n" not in msg  # the CLI prints it as one line
+    assert "served nvfp4 on torch_emulation" in msg and "quantize.source=<BF16" in msg
+    assert "precision.routed_experts=nvfp4_w4a16" in msg
+    assert not (tmp_path / "quantized").exists() and not (tmp_path / "calib_state").exists()
+
+
+def _readme_cast(tmp_path, *overrides):
+    """`python main.py recipe=tiny_dsv4 quantize quantize.method=cast` as the CLI composes it (plus
+    the small calibration budget the README-commands test adds)."""
+    from nvfp4stack.cli import compose_config
+
+    return compose_config("recipe=tiny_dsv4", "quantize.method=cast", "command=quantize",
+                          *(f"quantize.{k}={v}" for k, v in CALIB.items()), f"run_dir={tmp_path}", *overrides)
+
+
+def _check_cast_checkpoint(out, release):
+    """Layout, configs and lossless expert weights of a cast checkpoint; returns its input scales."""
+    from nvfp4stack.quantize.report import dequantize_group
+
+    r_out, r_rel = ShardedReader(out), ShardedReader(release)
+    assert _header(r_out) == spec.expected_tensors(_header(r_rel), quantize_mtp=False)
+    assert spec.check_hf_quant_config(json.loads((out / "hf_quant_config.json").read_text()), r_rel.names(),
+                                      quantize_mtp=False) == []
+    assert spec.check_config(json.loads((out / "config.json").read_text()),
+                             json.loads((release / "config.json").read_text())) == []
+    for n in ("layers.0.ffn.experts.7.w3.weight", "layers.2.ffn.experts.13.w2.weight"):
+        assert torch.equal(dequantize_group(r_out, n), dequantize_group(r_rel, n)), n
+    scales = {n: float(r_out.get(n)) for n in r_out.names() if n.endswith(".input_scale")}
+    assert scales and all(0 < v < float("inf") for v in scales.values())
+    for n in (n for n in r_out.names() if n.endswith(".w1.input_scale")):  # one fused w13 scale
+        assert scales[n] == scales[n.replace(".w1.", ".w3.")], n
+    return scales
+
+
+def test_readme_cast_command_composed(tmp_path):
+    """The README's cast command, composed like the CLI does, through the task function: the W4A4
+    target (torch_emulation on cpu) gets calibrated activation scales and a sane checkpoint."""
+    from nvfp4stack.models.resolve import FACTORIES, cache_root
+
+    cfg = _readme_cast(tmp_path)
+    assert cfg.quantize.method == "cast" and not cfg.quantize.amax_path and cfg.quantize.cast_input_amax is None
+    assert task.run(cfg) == 0
+    rep = json.loads((tmp_path / "quantize_report.json").read_text())
+    assert rep["activations"] == "w4a4" and rep["input_amax_from"] == "calibrated_activations"
+    assert rep["weight_error_vs_bf16"]["routed_experts"]["rel_error"] == 0.0
+    release = FACTORIES["tiny_dsv4"](cache_root(cfg.cache_dir), "official")
+    scales = _check_cast_checkpoint(tmp_path / "quantized", release)
+    assert 1.0 not in scales.values() and len(set(scales.values())) > 1  # calibrated, not placeholders
+    assert (tmp_path / "calib_state" / "amax.safetensors").exists()
+
+
+def test_w4a16_cast_needs_no_activation_amax(tmp_path):
+    """A weight-only target never reads input_scale: the cast runs data-free (no calibration), writes
+    the complete layout vLLM and the doctor expect, with the unit placeholder, and says so."""
+    from nvfp4stack.models.resolve import FACTORIES, cache_root
+
+    cfg = _readme_cast(tmp_path, "precision.routed_experts=nvfp4_w4a16")
+    assert task.run(cfg) == 0
+    rep = json.loads((tmp_path / "quantize_report.json").read_text())
+    assert rep["activations"] == "w4a16_only" and rep["input_amax_from"] == "w4a16_placeholder"
+    assert not (tmp_path / "calib_state").exists()  # nothing was calibrated
+    release = FACTORIES["tiny_dsv4"](cache_root(cfg.cache_dir), "official")
+    scales = _check_cast_checkpoint(tmp_path / "quantized", release)
+    assert set(scales.values()) == {1.0}
 
 
 def test_readme_cast_calibrates_activations_only(root, modelopt_run, tmp_path):

@@ -22,6 +22,8 @@ stage)
     ;;
 install)
     bash install.sh --offline "$BUNDLE" --target "$SITE"
+    # the project itself, so vLLM finds its `vllm.general_plugins` entry point in every process
+    python3 -m pip install -q --no-deps --no-build-isolation --no-index --target "$SITE" --upgrade .
     PYTHONPATH="$SITE" python3 -c "import vllm, openai, hydra; print('vllm', vllm.__version__, '| openai', openai.__version__)"
     ;;
 serve-check)
@@ -52,7 +54,8 @@ PY
     rc=0
     if [ -n "$ready" ]; then
         python3 -m nvfp4stack.engine.openai_check --base-url "http://127.0.0.1:$port/v1" --bf16 "$bf16" \
-            --nvfp4 "$ckpt" --json "$OUT/openai_check.json" || rc=$?
+            --nvfp4 "$ckpt" --json "$OUT/openai_check.json" ${THROUGHPUT:+--throughput $THROUGHPUT} || rc=$?
+        grep -E "nvfp4stack: |quantization=" "$OUT/serve/vllm_server.log" | sed 's/compilation_config.*//' | head -8 || true
     else
         rc=1
         tail -30 "$OUT/serve_stdout.log"; tail -60 "$OUT/serve/vllm_server.log" 2>/dev/null || true

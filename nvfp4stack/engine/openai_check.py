@@ -65,18 +65,40 @@ def logprob_deltas(client, model: str, bf16_dir: str, nvfp4_dir: str) -> dict:
     return {"per_prompt": per_prompt, "max_abs": max(all_max), "median_of_max": statistics.median(all_max)}
 
 
+def throughput(client, model: str, batches: list[int], max_tokens: int = 64) -> list[dict]:
+    """Decode throughput at each concurrency: ``batch`` requests of ``max_tokens`` generated tokens
+    (ignore_eos) sent at once; one warm-up round first. Output tokens / wall second."""
+    rows = []
+    for batch in batches:
+        def one(i):
+            r = client.completions.create(model=model, prompt=PROMPTS[i % len(PROMPTS)], max_tokens=max_tokens,
+                                          temperature=0, extra_body={"ignore_eos": True})
+            return r.usage.completion_tokens
+        with concurrent.futures.ThreadPoolExecutor(min(batch, 256)) as pool:
+            list(pool.map(one, range(batch)))             # warm-up (graphs, JIT)
+            t0 = time.monotonic()
+            toks = sum(pool.map(one, range(batch)))
+            dt = time.monotonic() - t0
+        rows.append({"batch": batch, "output_tokens": toks, "seconds": round(dt, 3),
+                     "tok_per_s": round(toks / dt, 1), "ms_per_token_per_seq": round(1000 * dt / max_tokens, 2)})
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base-url", required=True)
     ap.add_argument("--bf16", required=True, help="the BF16 checkpoint the NVFP4 export was made from")
     ap.add_argument("--nvfp4", required=True, help="the served NVFP4 checkpoint")
     ap.add_argument("--json")
+    ap.add_argument("--throughput", default="", help="comma list of concurrencies, e.g. 1,8,32,128")
     args = ap.parse_args(argv)
     import openai
 
     client = openai.OpenAI(base_url=args.base_url, api_key="EMPTY", timeout=300)
     model = client.models.list().data[0].id
     res = {"model": model, **client_checks(client, model), "logprobs": logprob_deltas(client, model, args.bf16, args.nvfp4)}
+    if args.throughput:
+        res["throughput"] = throughput(client, model, [int(b) for b in args.throughput.split(",")])
     text = json.dumps(res, indent=1)
     print(text)
     if args.json:

@@ -77,6 +77,19 @@ def resolve_checkpoint(cfg, plan: EnginePlan, *, build: bool = True) -> Path:
     )
 
 
+def check_plugin_installed() -> None:
+    """vLLM loads plugins from installed distributions' entry points: a source tree on PYTHONPATH
+    alone has none, and vLLM would then quietly serve the checkpoint with its own kernels."""
+    from importlib.metadata import entry_points
+
+    if not any(ep.name == "nvfp4stack" for ep in entry_points(group="vllm.general_plugins")):
+        raise FileNotFoundError(
+            "serve: the plan runs modules on nvfp4stack kernels, but vLLM will not load the nvfp4stack plugin: "
+            "no 'vllm.general_plugins' entry point named nvfp4stack is installed (nvfp4stack on PYTHONPATH "
+            "is not enough). Fix: pip install -e . (install.sh does), or on an offline host "
+            "`pip install --no-deps --no-build-isolation --target SITE .`")
+
+
 def build_argv(cfg, plan: EnginePlan, ckpt: Path) -> list[str]:
     served = cfg.model.served_name or cfg.model.name
     if plan.needs_plugin() and not (ckpt / "config.json").exists():
@@ -104,6 +117,8 @@ def run(cfg) -> int:
     plan = engine_plan_for(cfg)   # the planner's decisions; raises PlanError/BackendError like `plan`
     ckpt = resolve_checkpoint(cfg, plan, build=not engine.dry_run)
     argv = build_argv(cfg, plan, ckpt)
+    if plan.needs_plugin() and not engine.dry_run:
+        check_plugin_installed()
     cli = format_cli(argv)
     (run_dir / "serve_command.sh").write_text(cli + "\n")
     (run_dir / "engine_plan.json").write_text(json.dumps(plan.to_dict(), indent=2) + "\n")

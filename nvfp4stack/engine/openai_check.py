@@ -96,7 +96,9 @@ def main(argv=None) -> int:
 
     client = openai.OpenAI(base_url=args.base_url, api_key="EMPTY", timeout=300)
     model = client.models.list().data[0].id
-    res = {"model": model, **client_checks(client, model), "logprobs": logprob_deltas(client, model, args.bf16, args.nvfp4)}
+    res = {"model": model, **client_checks(client, model)}
+    if args.nvfp4 != args.bf16:  # a BF16 checkpoint served as is: no NVFP4 reference to compare with
+        res["logprobs"] = logprob_deltas(client, model, args.bf16, args.nvfp4)
     if args.throughput:
         res["throughput"] = throughput(client, model, [int(b) for b in args.throughput.split(",")])
     text = json.dumps(res, indent=1)

@@ -5,7 +5,7 @@ import argparse
 import sys
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m nvfp4stack.bundle", description=__doc__)
     sub = ap.add_subparsers(dest="verb", required=True)
     b = sub.add_parser("build", help="resolve, download and chunk wheels for a target host")
@@ -20,7 +20,11 @@ def main(argv: list[str] | None = None) -> int:
     i.add_argument("bundle")
     i.add_argument("--target")
     i.add_argument("--verify-only", action="store_true")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     if args.verb == "install":
         from nvfp4stack.bundle import install
 

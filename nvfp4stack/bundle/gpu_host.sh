@@ -54,7 +54,7 @@ PY
     rc=0
     if [ -n "$ready" ]; then
         python3 -m nvfp4stack.engine.openai_check --base-url "http://127.0.0.1:$port/v1" --bf16 "$bf16" \
-            --nvfp4 "$ckpt" --json "$OUT/openai_check.json" ${THROUGHPUT:+--throughput $THROUGHPUT} || rc=$?
+            --nvfp4 "$ckpt" --json "$OUT/openai_check.json" ${THROUGHPUT:+--throughput $THROUGHPUT} ${NO_LOGPROBS:+--no-logprobs} || rc=$?
         grep -E "nvfp4stack: |quantization=" "$OUT/serve/vllm_server.log" | sed 's/compilation_config.*//' | head -8 || true
     else
         rc=1

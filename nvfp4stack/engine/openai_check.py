@@ -91,13 +91,14 @@ def main(argv=None) -> int:
     ap.add_argument("--nvfp4", required=True, help="the served NVFP4 checkpoint")
     ap.add_argument("--json")
     ap.add_argument("--throughput", default="", help="comma list of concurrencies, e.g. 1,8,32,128")
+    ap.add_argument("--no-logprobs", action="store_true", help="skip the reference comparison (large models)")
     args = ap.parse_args(argv)
     import openai
 
     client = openai.OpenAI(base_url=args.base_url, api_key="EMPTY", timeout=300)
     model = client.models.list().data[0].id
     res = {"model": model, **client_checks(client, model)}
-    if args.nvfp4 != args.bf16:  # a BF16 checkpoint served as is: no NVFP4 reference to compare with
+    if args.nvfp4 != args.bf16 and not args.no_logprobs:  # a BF16 checkpoint served as is: no NVFP4 reference
         res["logprobs"] = logprob_deltas(client, model, args.bf16, args.nvfp4)
     if args.throughput:
         res["throughput"] = throughput(client, model, [int(b) for b in args.throughput.split(",")])

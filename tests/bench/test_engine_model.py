@@ -1,0 +1,49 @@
+"""The synthetic engine-benchmark checkpoint (Flash expert shapes on the GPU host; small here):
+its BF16 variant loads into transformers' DeepseekV3ForCausalLM with no missing or unexpected
+weights, and its NVFP4 variant's experts dequantize to the BF16 variant's within NVFP4's error and
+plan as NVFP4 routed experts."""
+import json
+
+import pytest
+import torch
+
+from nvfp4stack.bench.engine_model import EngineModelSpec, build
+
+SMALL = EngineModelSpec(hidden_size=256, moe_intermediate_size=64, n_routed_experts=8, num_experts_per_tok=2,
+                        intermediate_size=512, num_attention_heads=4, q_lora_rank=64, n_group=2, topk_group=1)
+
+
+def test_bf16_variant_is_a_complete_deepseek_v3_checkpoint(tmp_path):
+    from transformers import DeepseekV3ForCausalLM
+
+    out = build(tmp_path / "bf16", "bf16", SMALL, device="cpu")
+    model, info = DeepseekV3ForCausalLM.from_pretrained(out, dtype=torch.bfloat16, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    assert model.config.n_routed_experts == 8 and model.config.moe_intermediate_size == 64
+
+
+def test_nvfp4_variant_matches_bf16_and_plans_as_nvfp4_experts(tmp_path):
+    from nvfp4stack.checkpoint.safetensors_io import ShardedReader
+    from nvfp4stack.formats.nvfp4 import dequantize_nvfp4
+    from nvfp4stack.plan.groups import groups_from_checkpoint
+    from nvfp4stack.schemes import Scheme
+
+    bf16 = ShardedReader(build(tmp_path / "bf16", "bf16", SMALL, device="cpu"))
+    q = ShardedReader(build(tmp_path / "q", "nvfp4", SMALL, device="cpu"))   # same seed: same weights
+    p = "model.layers.1.mlp.experts.3"
+    assert torch.equal(q.get(f"{p}.gate_proj.weight_scale_2"), q.get(f"{p}.up_proj.weight_scale_2"))
+    for proj in ("gate_proj", "up_proj", "down_proj"):
+        w = dequantize_nvfp4(q.get(f"{p}.{proj}.weight"), q.get(f"{p}.{proj}.weight_scale"),
+                             q.get(f"{p}.{proj}.weight_scale_2"), torch.float32)
+        ref = bf16.get(f"{p}.{proj}.weight").float()
+        rel = ((w - ref).norm() / ref.norm()).item()
+        assert 0 < rel < 0.12, (proj, rel)
+    cfg = json.loads((tmp_path / "q" / "config.json").read_text())
+    assert cfg["quantization_config"]["quant_algo"] == "NVFP4" and "model.layers.0*" in cfg["quantization_config"]["ignore"]
+    experts = [s for g, s in groups_from_checkpoint(tmp_path / "q", 3) if g.role == "routed_experts"]
+    assert len(experts) == 8 * 3 * 2 and set(experts) == {Scheme.NVFP4}
+
+
+def test_rejects_unknown_expert_format(tmp_path):
+    with pytest.raises(ValueError, match="nvfp4 or bf16"):
+        build(tmp_path / "x", "fp8", SMALL, device="cpu")

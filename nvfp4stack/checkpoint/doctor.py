@@ -97,6 +97,10 @@ def _vllm_load_check(ckpt: Path, report: DoctorReport) -> None:
 
     for r in run_load_check([ckpt]):
         report.stats[f"vllm_{r.mapper}"] = "ok" if r.ok else "failed"
+        if r.mapper == "cuda" and r.fp8_block_kernels:  # both mappers build the same parameters
+            report.stats["vllm_fp8_block_kernels"] = ",".join(r.fp8_block_kernels)
+        for n in r.notes:
+            report.note(f"vLLM load check: {n}")
         for e in r.errors:
             if r.mapper == "cuda":
                 report.error("vllm_load", f"vLLM DeepSeek-V4 ({r.mapper} mapper)", e, "every tensor loaded, "

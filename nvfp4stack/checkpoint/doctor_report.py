@@ -26,6 +26,11 @@ class DoctorReport:
     checkpoint: str
     findings: list[Finding] = field(default_factory=list)
     stats: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)   # how a check ran (e.g. a kernel stand-in): no fault
+
+    def note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
 
     def add(self, severity: str, check: str, where: str, found, expected, fix: str) -> None:
         self.findings.append(Finding(severity, check, where, str(found), str(expected), fix))
@@ -53,7 +58,8 @@ class DoctorReport:
 
     def to_json(self) -> dict:
         return {"checkpoint": self.checkpoint, "ok": not self.errors, "stats": self.stats,
-                "errors": [asdict(f) for f in self.errors], "warnings": [asdict(f) for f in self.warnings]}
+                "errors": [asdict(f) for f in self.errors], "warnings": [asdict(f) for f in self.warnings],
+                "notes": self.notes}
 
     def table(self, widths: tuple[int, ...] = (16, 70, 160, 70, 200)) -> str:
         """One table: errors first, then warnings under their own heading (cells cut at ``widths``;
@@ -74,6 +80,7 @@ class DoctorReport:
             lines.append("  " + " | ".join(c.ljust(w) for c, w in zip(cols, ws)))
             lines.append("  " + "-+-".join("-" * w for w in ws))
             lines += ["  " + " | ".join(v.ljust(w) for v, w in zip(r, ws)).rstrip() for r in rows]
+        lines += [f"NOTE: {n}" for n in self.notes]
         lines.append("result: " + ("FAILED" if self.errors else "clean") +
                      f" ({len(self.errors)} errors, {len(self.warnings)} warnings)")
         return "\n".join(lines)

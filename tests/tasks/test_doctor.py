@@ -33,6 +33,8 @@ def amx_mode(request, monkeypatch):
         pytest.skip("host has no AMX: its real kernel path cannot run here (the no_amx run covers this host)")
     if request.param == "no_amx":
         monkeypatch.setenv(FORCE_NO_AMX_ENV, "1")
+    else:  # the host's own answer, even if the caller's shell forces no AMX
+        monkeypatch.delenv(FORCE_NO_AMX_ENV, raising=False)
     return request.param
 
 
@@ -41,7 +43,7 @@ def modelopt(tmp_path_factory) -> Path:
     return vllm_ready_config(tiny_dsv4_layouts(_cache())["modelopt"], tmp_path_factory.mktemp("t") / "modelopt")
 
 
-def test_task_clean_checkpoint_exits_zero(modelopt, tmp_path, capsys):
+def test_task_clean_checkpoint_exits_zero(modelopt, tmp_path, capsys, amx_mode):
     from nvfp4stack.tasks.doctor import run
 
     cfg = RootConfig(command="doctor", recipe="tiny_dsv4", checkpoint=str(modelopt), run_dir=str(tmp_path),
@@ -53,6 +55,16 @@ def test_task_clean_checkpoint_exits_zero(modelopt, tmp_path, capsys):
     assert report["ok"] and report["errors"] == []
     if vllm_importable():
         assert report["stats"]["vllm_cuda"] == "ok"
+        # which FP8 block kernel vLLM's parameter creation got, and why, is in the report
+        from nvfp4stack.engine.dsv4_load_check import STAND_IN_FP8_BLOCK_KERNEL
+
+        stand_in = [n for n in report["notes"] if STAND_IN_FP8_BLOCK_KERNEL in n]
+        if amx_mode == "no_amx":
+            assert report["stats"]["vllm_fp8_block_kernels"] == STAND_IN_FP8_BLOCK_KERNEL
+            assert len(stand_in) == 1 and "host reports no AMX" in stand_in[0], report["notes"]
+            assert f"NOTE: {stand_in[0]}" in out
+        else:
+            assert report["stats"]["vllm_fp8_block_kernels"].startswith("CPUFp8") and stand_in == []
 
 
 def test_cli_missing_scale_exits_nonzero(modelopt, tmp_path):

@@ -232,8 +232,11 @@ def test_generic_unified_export_option(root, tmp_path):
 
 def test_vllm_own_dsv4_loader_fills_every_parameter(root, modelopt_run):
     """vLLM 0.32's DeepSeek-V4 class + load_weights (CUDA weight-name mapper, run on CPU up to the
-    end of loading) on layouts (a), (b) and the modelopt-DSV4 export."""
-    from nvfp4stack.engine.dsv4_load_check import run_load_check, vllm_importable
+    end of loading) on layouts (a), (b) and the modelopt-DSV4 export. Runs the host's own CPU path
+    (without AMX the load check's stand-in FP8 block kernel; tests/engine/test_dsv4_load_check.py
+    runs both paths)."""
+    from nvfp4stack.engine.dsv4_load_check import (STAND_IN_FP8_BLOCK_KERNEL, host_has_amx, run_load_check,
+                                                   vllm_importable)
 
     if not vllm_importable():
         pytest.skip("vllm is not installed in this environment")
@@ -242,3 +245,7 @@ def test_vllm_own_dsv4_loader_fills_every_parameter(root, modelopt_run):
     assert len(reports) == 3
     for r in reports:
         assert r.ok, (r.checkpoint, r.errors)
+        # the FP8 layouts' block linears got the stand-in without AMX, vLLM's own kernel with it
+        fp8 = r.quant_config == "DeepseekV4FP8Config"
+        assert bool(r.fp8_block_kernels) == fp8, (r.checkpoint, r.quant_config, r.fp8_block_kernels)
+        assert (STAND_IN_FP8_BLOCK_KERNEL in r.fp8_block_kernels) == (fp8 and not host_has_amx()), r.fp8_block_kernels

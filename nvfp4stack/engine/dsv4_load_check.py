@@ -87,10 +87,12 @@ def host_has_amx() -> bool:
 
 
 def run_load_check(checkpoints: list[str | Path], mappers: tuple[str, ...] = MAPPERS,
-                   timeout_s: int = 900, force_no_amx: bool = False) -> list[LoadReport]:
+                   timeout_s: int = 900, force_no_amx: bool | None = None) -> list[LoadReport]:
     """Run the check for each directory and mapper in one child process (vLLM's import is the
-    slow part); reports come in the order checkpoints x mappers. ``force_no_amx`` makes the
-    child report AMX absent (the AVX2-only path) whatever the host has."""
+    slow part); reports come in the order checkpoints x mappers. ``force_no_amx``: True makes the
+    child report AMX absent (the AVX2-only path) whatever the host has; False gives it the host's
+    own answer even if NVFP4STACK_FORCE_NO_AMX is exported; None inherits the environment (the
+    doctor, whose tests set the variable)."""
     with tempfile.TemporaryDirectory(prefix="nvfp4stack-loadcheck-") as tmp:
         out = Path(tmp) / "report.json"
         cmd = [sys.executable, "-m", "nvfp4stack.engine.dsv4_load_check",
@@ -100,6 +102,8 @@ def run_load_check(checkpoints: list[str | Path], mappers: tuple[str, ...] = MAP
                "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")}
         if force_no_amx:
             env[FORCE_NO_AMX_ENV] = "1"
+        elif force_no_amx is False:  # the host's own answer, whatever the caller's shell exported
+            env.pop(FORCE_NO_AMX_ENV, None)
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env,
                                   cwd=Path(__file__).resolve().parents[2])

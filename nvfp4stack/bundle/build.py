@@ -131,7 +131,6 @@ def write_chunks(wheels: list[Path], out: Path, chunk_bytes: int, target: Target
     larger than the room left is split into parts across chunks. Writes the manifest into each."""
     # each chunk also carries the manifest: keep room for it so a chunk folder stays <= chunk_bytes
     reserve = min(256 << 10, chunk_bytes // 4)
-    reserve_slack = reserve
     chunk_bytes -= reserve
     chunks: dict[str, dict[str, str]] = {}
     sizes: dict[str, int] = {}
@@ -171,7 +170,7 @@ def write_chunks(wheels: list[Path], out: Path, chunk_bytes: int, target: Target
                            for c, files in sorted(chunks.items())},
                 "install": {"pip_args": ["--no-index", "--no-deps"]}}
     text = json.dumps(manifest, indent=1)
-    if any(sizes[c] + len(text) > chunk_bytes + reserve_slack for c in chunks):
+    if any(sizes[c] + len(text) > chunk_bytes + reserve for c in chunks):
         raise RuntimeError(f"bundle: the manifest ({len(text):,} bytes) does not fit beside the data in a "
                            f"chunk of {chunk_bytes:,} bytes; choose a larger chunk size")
     for c in chunks:

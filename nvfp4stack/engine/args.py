@@ -8,7 +8,6 @@ from pathlib import Path
 
 from nvfp4stack.engine.config import EngineConfig
 from nvfp4stack.engine.plan_section import (
-    MTP_EXPERTS,
     MOE_ROLES,
     QUANT_METHOD,
     EnginePlan,
@@ -38,8 +37,8 @@ def vllm_moe_backend(plan: EnginePlan) -> str | None:
 def vllm_linear_backend(plan: EnginePlan) -> str | None:
     """vLLM's --linear-backend value when the plan puts every quantized linear on one vLLM kernel
     (what ``backend.linear`` chose, or what ``auto`` resolved to); None leaves vLLM's own choice."""
-    kernels = {e["kernel"] for role, e in plan._entries()
-               if role not in (*MOE_ROLES, MTP_EXPERTS) and e["scheme"] not in ("bf16", "passthrough")}
+    kernels = {e["kernel"] for role, e, _ in plan._entries()
+               if role not in MOE_ROLES and e["scheme"] not in ("bf16", "passthrough")}
     if len(kernels) != 1:
         return None
     (name,) = kernels
@@ -76,7 +75,7 @@ def engine_cli_args(engine: EngineConfig, *, model: str, served_name: str | None
     if engine.speculative.method is not None:
         spec = {"method": engine.speculative.method,
                 "num_speculative_tokens": engine.speculative.num_speculative_tokens}
-        draft = plan.roles.get(MTP_EXPERTS)
+        draft = plan.mtp.get("routed_experts")
         if draft and draft["kernel"] in MOE_BACKENDS and MOE_BACKENDS.get(draft["kernel"]).provider == "vllm":
             # An untouched (MXFP4) MTP block next to NVFP4 experts may need another kernel.
             spec["moe_backend"] = MOE_BACKENDS.get(draft["kernel"]).vllm_moe_backend

@@ -23,8 +23,6 @@ SECTION_KEY = "nvfp4stack"
 QUANT_METHOD = "nvfp4stack"  # the name registered with vLLM's register_quantization_config
 VERSION = 1
 MOE_ROLES = ("routed_experts",)
-# The MTP draft's experts: vLLM gives the draft its own --speculative-config moe_backend.
-MTP_EXPERTS = "mtp:routed_experts"
 
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -40,21 +38,29 @@ def layer_index(name: str) -> str | None:
 class EnginePlan:
     """The planner's decisions in the engine's terms: per module role the scheme its kernel
     computes and the kernel backend name, plus per-layer exceptions where precision rules split
-    a role (``layers[role][layer index]``). vLLM asks per module prefix; :meth:`entry_for`
-    answers from the exception first, then the role's default."""
+    a role (``layers[role][layer index]``), plus the MTP draft's own roles (``mtp``), which vLLM
+    numbers after the main model's layers (``model.layers.<mtp_first_layer + k>.``). vLLM asks per
+    module prefix; :meth:`entry_for` answers from the MTP section, the exception, then the role's
+    default."""
 
     # role -> {"scheme": str, "kernel": str[, "fp8_prefill": bool]}
     roles: dict[str, dict] = field(default_factory=dict)
     layers: dict[str, dict[str, dict]] = field(default_factory=dict)
+    mtp: dict[str, dict] = field(default_factory=dict)
+    mtp_first_layer: int | None = None
 
     def __post_init__(self) -> None:
         entries = [(f"{SECTION_KEY}.roles.{r}", e) for r, e in self.roles.items()]
         entries += [(f"{SECTION_KEY}.layers.{r}.{i}", e) for r, by in self.layers.items() for i, e in by.items()]
+        entries += [(f"{SECTION_KEY}.mtp.roles.{r}", e) for r, e in self.mtp.items()]
         for where, entry in entries:
             if not {"scheme", "kernel"} <= set(entry) <= {"scheme", "kernel", "fp8_prefill"}:
                 raise ValueError(f"{where}: expected keys scheme, kernel (and fp8_prefill for routed experts), "
                                  f"found {sorted(entry)}; regenerate the engine args from the recipe")
             Scheme.parse(entry["scheme"], where=f"{where}.scheme")
+        if self.mtp and self.mtp_first_layer is None:
+            raise ValueError(f"{SECTION_KEY}.mtp: roles given without first_layer (the main model's "
+                             "num_hidden_layers); regenerate the engine args from the recipe")
 
     def entry_for(self, prefix: str) -> dict | None:
         """The plan entry of a vLLM module prefix (e.g. ``model.layers.1.mlp.experts``), or None."""
@@ -62,14 +68,20 @@ class EnginePlan:
         if role is None:
             return None
         idx = layer_index(prefix)
+        if self.mtp_first_layer is not None and idx is not None and int(idx) >= self.mtp_first_layer:
+            return self.mtp.get(role)
         exception = self.layers.get(role, {}).get(idx) if idx is not None else None
         return exception or self.roles.get(role)
 
     def _entries(self):
-        yield from self.roles.items()
+        """(role, entry, is_mtp) for every decision the section holds."""
+        for role, e in self.roles.items():
+            yield role, e, False
         for role, by in self.layers.items():
             for e in by.values():
-                yield role, e
+                yield role, e, False
+        for role, e in self.mtp.items():
+            yield role, e, True
 
     def own_kernel(self, prefix: str, kind: str) -> str | None:
         """The nvfp4stack-implemented kernel the plan puts on this module, or None (vLLM's own)."""
@@ -78,12 +90,14 @@ class EnginePlan:
 
     def needs_plugin(self) -> bool:
         """True when any NVFP4 module runs on a kernel this package implements."""
-        return any(_own(e, "moe" if role in (*MOE_ROLES, MTP_EXPERTS) else "linear") for role, e in self._entries())
+        return any(_own(e, "moe" if role in MOE_ROLES else "linear") for role, e, _ in self._entries())
 
     def to_dict(self) -> dict:
         d = {"version": VERSION, "roles": self.roles}
         if self.layers:
             d["layers"] = self.layers
+        if self.mtp:
+            d["mtp"] = {"first_layer": self.mtp_first_layer, "roles": self.mtp}
         return d
 
     @classmethod
@@ -91,7 +105,9 @@ class EnginePlan:
         if d.get("version") != VERSION:
             raise ValueError(f"{SECTION_KEY}.version: expected {VERSION}, found {d.get('version')!r}; "
                              "regenerate the engine args with this nvfp4stack version")
-        return cls(roles=dict(d.get("roles", {})), layers={r: dict(by) for r, by in d.get("layers", {}).items()})
+        mtp = d.get("mtp") or {}
+        return cls(roles=dict(d.get("roles", {})), layers={r: dict(by) for r, by in d.get("layers", {}).items()},
+                   mtp=dict(mtp.get("roles", {})), mtp_first_layer=mtp.get("first_layer"))
 
 
 def _own(entry: dict, kind: str) -> str | None:
@@ -102,38 +118,44 @@ def _own(entry: dict, kind: str) -> str | None:
     return name if name in reg and reg.get(name).provider == "nvfp4stack" else None
 
 
+def _agree(seen: dict, key, entry: dict, name: str, role: str, where: str) -> None:
+    """Record ``entry`` under ``key``; vLLM builds one method per module, so a second, different
+    decision for the same module (the experts of one MoE layer, w1 next to w3) is refused."""
+    old = seen.setdefault(key, (entry, name))
+    if old[0] != entry:
+        raise PlanError(
+            f"plan: role {role!r} has two decisions in {where} ({old[0]} at {old[1]}, {entry} at "
+            f"{name}); vLLM builds one method per module, so every group of a role in one layer "
+            "must agree. Fix: make the precision rules match whole layers (e.g. "
+            "'re:^layers\\.(0|1)\\.ffn\\.experts\\.')")
+
+
 def engine_plan_from_plan(plan, *, fp8_prefill: bool = False, mtp_draft: bool = False) -> EnginePlan:
     """The planner's ``Plan`` (per tensor group) in the engine's terms: one default per role (the
     decision most of its groups got) and per-layer exceptions for the rest.
 
     vLLM builds one quantization method per module, so the groups of one role inside one layer
-    (the experts of a MoE layer, w1 next to w3) must agree; when they do not this raises, naming
-    the group. ``mtp_draft``: the MTP block is served as a speculative draft (its routed experts
-    get their own entry, vLLM's speculative_config.moe_backend).
+    must agree; when they do not this raises, naming the group. ``mtp_draft``: the MTP block is
+    served as a speculative draft; its decisions form the ``mtp`` section (vLLM numbers its layers
+    from the plan's ``num_hidden_layers``; its routed experts get vLLM's speculative moe_backend).
     """
     from collections import Counter
 
     per_layer: dict[str, dict[str | None, tuple[dict, str]]] = {}
-    mtp_entry = None
+    mtp: dict[str, tuple[dict, str]] = {}
     for g in plan.groups:
         if not g.name or g.kernel == "-":
             continue  # norms, biases, tables: no kernel decision
         entry = {"scheme": g.served.value, "kernel": g.kernel}
-        if g.role in MOE_ROLES and fp8_prefill and g.kernel == FP8_PREFILL_KERNEL:
+        if g.role in MOE_ROLES and fp8_prefill and g.kernel == FP8_PREFILL_KERNEL and not g.mtp:
             entry["fp8_prefill"] = True
         if g.mtp:
-            if g.role in MOE_ROLES and mtp_draft and g.served not in (Scheme.BF16, Scheme.PASSTHROUGH):
-                mtp_entry = entry
-            continue  # vLLM builds the MTP draft from the same roles (and its own MoE backend)
+            if mtp_draft:
+                _agree(mtp, g.role, entry, g.name, g.role, "the MTP block")
+            continue
         idx = layer_index(g.name)
-        old = per_layer.setdefault(g.role, {}).setdefault(idx, (entry, g.name))
-        if old[0] != entry:
-            where = f"layer {idx}" if idx is not None else "the model"
-            raise PlanError(
-                f"plan: role {g.role!r} has two decisions in {where} ({old[0]} at {old[1]}, {entry} at "
-                f"{g.name}); vLLM builds one method per module, so every group of a role in one layer "
-                "must agree. Fix: make the precision rules match whole layers (e.g. "
-                "'re:^layers\\.(0|1)\\.ffn\\.experts\\.')")
+        _agree(per_layer.setdefault(g.role, {}), idx, entry, g.name, g.role,
+               f"layer {idx}" if idx is not None else "the model")
     roles: dict[str, dict] = {}
     layers: dict[str, dict[str, dict]] = {}
     for role, by in per_layer.items():
@@ -143,9 +165,12 @@ def engine_plan_from_plan(plan, *, fp8_prefill: bool = False, mtp_draft: bool = 
         for idx, (e, _) in sorted(by.items(), key=lambda kv: int(kv[0]) if kv[0] is not None else -1):
             if _key(e) != default_key and idx is not None:
                 layers.setdefault(role, {})[idx] = e
-    if mtp_entry is not None:
-        roles[MTP_EXPERTS] = mtp_entry
-    return EnginePlan(roles, layers)
+    first = getattr(plan, "num_hidden_layers", None)
+    if mtp and first is None:
+        raise PlanError("plan: the MTP draft has decisions but the plan does not know num_hidden_layers "
+                        "(config.json), which vLLM numbers the MTP layers after. Fix: give the model's "
+                        "config.json num_hidden_layers, or engine.speculative.method=null")
+    return EnginePlan(roles, layers, {r: e for r, (e, _) in mtp.items()}, first if mtp else None)
 
 
 def _key(entry: dict) -> tuple:

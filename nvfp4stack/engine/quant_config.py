@@ -44,6 +44,19 @@ def base_method_for(hf_quant_cfg: dict, hf_config: Any = None) -> str:
     return qm
 
 
+def nvfp4_moe_config(base: QuantizationConfig) -> QuantizationConfig:
+    """The config our NVFP4 MoE method hands to ``ModelOptNvFp4FusedMoE.create_weights``, which
+    reads NVFP4 fields (``is_checkpoint_nvfp4_serialized``, ``group_size``) off it: the base itself
+    where it is vLLM's NVFP4 config, else one describing the NVFP4 experts the plan serves. (vLLM
+    0.26's DeepSeek-V4 base, ``DeepseekV4FP8Config``, has no such fields: AttributeError on an H200.)"""
+    from vllm.model_executor.layers.quantization.modelopt import ModelOptNvFp4Config
+
+    if isinstance(base, ModelOptNvFp4Config):
+        return base
+    return ModelOptNvFp4Config(is_checkpoint_nvfp4_serialized=True, kv_cache_quant_algo=None,
+                               exclude_modules=[], group_size=16)
+
+
 class Nvfp4StackConfig(QuantizationConfig):
     """Registered as ``nvfp4stack`` by the plugin; claims configs carrying the plan section."""
 
@@ -124,9 +137,13 @@ class Nvfp4StackConfig(QuantizationConfig):
 
                 self._check_nvfp4_module(prefix)
                 entry = self.plan.entry_for(prefix)
-                return _built(prefix, Nvfp4StackModelOptMoE(self.base, layer.moe_config, kernel=kernel,
+                return _built(prefix, Nvfp4StackModelOptMoE(nvfp4_moe_config(self.base), layer.moe_config, kernel=kernel,
                                                             scheme=Scheme(entry["scheme"]), prefix=prefix,
                                                             fp8_prefill=bool(entry.get("fp8_prefill", False))))
+            planned_bf16 = (self.plan.entry_for(prefix) or {}).get("scheme") == Scheme.BF16.value
+            if planned_bf16 and not self._excluded(prefix, default=True):
+                # before the base builds its quantized method: on CPU that already fails, obscurely
+                self._refuse_quantized(prefix, f"does not exclude it (the {self.base_name} method would quantize it)")
             method = self.base.get_quant_method(layer, prefix)
             self._check_unquantized_module(prefix, method)
             return _built(prefix, method)
@@ -141,21 +158,35 @@ class Nvfp4StackConfig(QuantizationConfig):
                 )
         return self.base.get_quant_method(layer, prefix)
 
+    def _excluded(self, prefix: str, default: bool) -> bool:
+        """Whether the checkpoint's config leaves ``prefix`` unquantized; ``default`` when the base
+        config cannot say (it has no exclude list)."""
+        excluded = getattr(self.base, "is_layer_excluded", None)
+        if excluded is None:
+            return default
+        if excluded(prefix):
+            return True
+        # modelopt's MIXED_PRECISION form: a module absent from quantized_layers stays unquantized
+        algo_of = getattr(self.base, "_resolve_quant_algo", None)
+        return algo_of is not None and algo_of(prefix) is None
+
+    def _refuse_quantized(self, prefix: str, found: str) -> None:
+        raise ValueError(
+            f"{prefix}: the plan keeps it BF16, but the checkpoint's quantization_config ({self.base_name}) "
+            f"{found}: the checkpoint was quantized with other precision rules. "
+            "Fix: re-quantize with the recipe's rules (serve rebuilds the tiny model itself), or make the "
+            "rules match the checkpoint")
+
     def _check_unquantized_module(self, prefix: str, method) -> None:
         """The plan keeps this module BF16: the checkpoint's own config must not quantize it."""
         entry = self.plan.entry_for(prefix)
         if entry is not None and entry["scheme"] == Scheme.BF16.value and method is not None \
                 and not type(method).__name__.startswith("Unquantized"):
-            raise ValueError(
-                f"{prefix}: the plan keeps it BF16, but the checkpoint's quantization_config ({self.base_name}) "
-                f"gives it {type(method).__name__}: the checkpoint was quantized with other precision rules. "
-                "Fix: re-quantize with the recipe's rules (serve rebuilds the tiny model itself), or make the "
-                "rules match the checkpoint")
+            self._refuse_quantized(prefix, f"gives it {type(method).__name__}")
 
     def _check_nvfp4_module(self, prefix: str) -> None:
         """The plan says NVFP4 here: the checkpoint must agree, else loading would fail obscurely."""
-        excluded = getattr(self.base, "is_layer_excluded", None)
-        if excluded is not None and excluded(prefix):
+        if self._excluded(prefix, default=False):
             raise ValueError(
                 f"{prefix}: the plan runs it as NVFP4 on an nvfp4stack kernel, but the checkpoint's "
                 f"quantization_config ({self.base_name}) excludes it (stored unquantized). Fix the "

@@ -26,9 +26,12 @@ def plan_groups(cfg):
 
 
 def plan_for_config(cfg, arch: Arch | None = None, backend=None) -> Plan:
+    """The recipe's plan: every command that decides precision or kernels (plan, convert, serve,
+    eval, doctor, bench) takes it from here."""
     hf, groups = plan_groups(cfg)
     return build_plan(
         groups, model=cfg.model.name, family=cfg.model.family, arch=arch or resolve(cfg.arch.name),
         source_format=cfg.model.source_format, precision=cfg.precision, backend=backend or cfg.backend,
         layout=layout_of(cfg.engine), fp8_ue8m0=cfg.precision.fp8_scale_fmt == "ue8m0",
+        num_hidden_layers=hf.get("num_hidden_layers"),
     )

@@ -71,6 +71,8 @@ class Plan:
     backend_checks: dict[str, dict] = field(default_factory=dict)  # requested backend validity
     warnings: list[str] = field(default_factory=list)
     kv_cache: dict | None = None   # nvfp4stack.plan.kv_cache report, when the model has one
+    # decoder layers of the main model; vLLM numbers the MTP layers after them (model.layers.N...)
+    num_hidden_layers: int | None = None
 
     @property
     def rows(self) -> list[PlanRow]:
@@ -117,18 +119,24 @@ class Plan:
         }
 
 
-def resolve_target(group: TensorGroup, source: Scheme, rules: list[PrecisionRule],
-                   role_schemes: dict[str, str], mtp_scheme: str) -> Scheme:
-    """Rules first (first match wins), then the MTP setting, then the role's field."""
+def requested_scheme(group: TensorGroup, rules: list[PrecisionRule], role_schemes: dict[str, str],
+                     mtp_scheme: str) -> Scheme:
+    """What the recipe asks for this group: rules first (first match wins), then the MTP setting,
+    then the role's field; PASSTHROUGH means "keep the stored format"."""
     rule = first_match(rules, group.name, group.role, group.mtp)
     if rule is not None:
-        target = Scheme(rule.scheme)
-    elif group.mtp and mtp_scheme != "inherit":
-        target = Scheme(mtp_scheme)
-    elif not group.is_matrix:
-        target = Scheme.PASSTHROUGH
-    else:
-        target = Scheme(role_schemes.get(group.role, "passthrough"))
+        return Scheme(rule.scheme)
+    if group.mtp and mtp_scheme != "inherit":
+        return Scheme(mtp_scheme)
+    if not group.is_matrix:
+        return Scheme.PASSTHROUGH
+    return Scheme(role_schemes.get(group.role, "passthrough"))
+
+
+def resolve_target(group: TensorGroup, source: Scheme, rules: list[PrecisionRule],
+                   role_schemes: dict[str, str], mtp_scheme: str) -> Scheme:
+    """The stored scheme the recipe gives this group (the requested one, or the source's)."""
+    target = requested_scheme(group, rules, role_schemes, mtp_scheme)
     return source if target is Scheme.PASSTHROUGH else target
 
 
@@ -195,49 +203,73 @@ def fp8_prefill_bytes(group: TensorGroup) -> int:
     return group.numel + 4 * rows * (math.prod(lead) if lead else 1)
 
 
+@dataclass(frozen=True)
+class Decision:
+    """What one tensor group becomes: stored in the checkpoint, computed by the kernel, and how."""
+
+    stored: Scheme           # the converted checkpoint's format (the plan's target)
+    served: Scheme           # what the kernel computes (NVFP4 runs W4A16 on Hopper)
+    kernel: str              # backend name; 'unquantized' for BF16 matrices, '-' without a GEMM
+    converter: str | None    # registered converter source -> stored, None when bytes are kept
+    fp8_copy: bool = False   # routed experts carry the FP8 prefill copy (backend.moe_fp8_prefill)
+
+
+def decide(group: TensorGroup, source: Scheme, requested: Scheme, *, family: str, arch: Arch, backend,
+           selections: dict[tuple[str, Scheme], Selection] | None = None) -> Decision:
+    """The one decision: (source format, requested scheme, arch, backend) -> stored scheme,
+    served scheme, kernel and converter, hard rules enforced. The planner calls it for every
+    group; the converter (plan.converter), the engine plan (plan.served / plan.kernel) and the
+    doctor read what it returned. ``selections`` caches one backend choice per (kind, scheme).
+    Raises PlanError / BackendError naming the group or key, what was expected and the fix."""
+    selections = {} if selections is None else selections
+    stored = source if requested is Scheme.PASSTHROUGH else requested
+    check_hard_rules(group, source, stored, family)
+    if not group.is_matrix:
+        return Decision(stored, stored, "-", None)
+    converter = converter_for(source, stored, group.name)
+    if converter == "bf16_to_nvfp4" and group.role == "routed_experts" and group.name.endswith((".w1", ".w3")):
+        # Fused gate_up kernels read one global scale for w1 and w3 (vLLM keeps w1's and
+        # warns otherwise): quantize the pair together under max(gs1, gs3).
+        converter = "w13_shared_global_scale"
+    if stored is Scheme.BF16:
+        return Decision(stored, stored, "unquantized", converter)
+    kind = "moe" if group.role == "routed_experts" else "linear"
+    # The MTP draft has its own MoE backend in vLLM (speculative_config.moe_backend):
+    # an untouched MXFP4 MTP block next to NVFP4 experts needs a second kernel.
+    cfg_key = "mtp_moe" if kind == "moe" and group.mtp else kind
+    key = (cfg_key, stored)
+    if key not in selections:
+        selections[key] = select_backend(kind, getattr(backend, cfg_key), arch, stored, key=f"backend.{cfg_key}")
+        if cfg_key == "moe" and backend.moe_fp8_prefill:
+            check_moe_fp8_prefill(selections[key].backend, arch)
+    sel = selections[key]
+    # the routed experts' FP8 prefill copy, built at load next to the NVFP4 bytes decode reads
+    return Decision(stored, sel.served_scheme, sel.backend, converter, cfg_key == "moe" and backend.moe_fp8_prefill)
+
+
 def build_plan(groups: Iterable[tuple[TensorGroup, Scheme]], *, model: str, family: str, arch: Arch,
-               source_format: str, precision, backend, layout: Layout, fp8_ue8m0: bool = True) -> Plan:
-    """Resolve every group. Raises PlanError / BackendError with the fix on a broken combination."""
+               source_format: str, precision, backend, layout: Layout, fp8_ue8m0: bool = True,
+               num_hidden_layers: int | None = None) -> Plan:
+    """Resolve every group through :func:`decide`. Raises PlanError / BackendError with the fix on a
+    broken combination."""
     rules = list(precision.rules)
     role_schemes = precision.role_schemes()
     selections: dict[tuple[str, Scheme], Selection] = {}
     used_targets: set[str] = set()
     out: list[GroupPlan] = []
     for group, source in groups:
-        target = resolve_target(group, source, rules, role_schemes, precision.mtp)
+        requested = requested_scheme(group, rules, role_schemes, precision.mtp)
         for rule in rules:
             used_targets.update(rule.targets_matching(group.name, group.role, group.mtp))
-        check_hard_rules(group, source, target, family)
-        converter = converter_for(source, target, group.name) if group.is_matrix else None
-        if converter == "bf16_to_nvfp4" and group.role == "routed_experts" and group.name.endswith((".w1", ".w3")):
-            # Fused gate_up kernels read one global scale for w1 and w3 (vLLM keeps w1's and
-            # warns otherwise): quantize the pair together under max(gs1, gs3).
-            converter = "w13_shared_global_scale"
-        served, kernel, fp8_copy = target, "-", False
-        if group.is_matrix:
-            if target is Scheme.BF16:
-                kernel = "unquantized"
-            else:
-                kind = "moe" if group.role == "routed_experts" else "linear"
-                # The MTP draft has its own MoE backend in vLLM (speculative_config.moe_backend):
-                # an untouched MXFP4 MTP block next to NVFP4 experts needs a second kernel.
-                cfg_key = "mtp_moe" if kind == "moe" and group.mtp else kind
-                key = (cfg_key, target)
-                if key not in selections:
-                    choice = getattr(backend, cfg_key)
-                    selections[key] = select_backend(kind, choice, arch, target, key=f"backend.{cfg_key}")
-                    if cfg_key == "moe" and backend.moe_fp8_prefill:
-                        check_moe_fp8_prefill(selections[key].backend, arch)
-                served, kernel = selections[key].served_scheme, selections[key].backend
-                # the routed experts' FP8 prefill copy, built at load next to the NVFP4 bytes decode reads
-                fp8_copy = cfg_key == "moe" and backend.moe_fp8_prefill
-        nbytes = group_bytes(group, target, fp8_ue8m0)
-        gpu_bytes = nbytes + (fp8_prefill_bytes(group) if fp8_copy else 0)
-        out.append(GroupPlan(group.name, group.role, group.mtp, source, target, served, converter, kernel,
+        d = decide(group, source, requested, family=family, arch=arch, backend=backend, selections=selections)
+        nbytes = group_bytes(group, d.stored, fp8_ue8m0)
+        gpu_bytes = nbytes + (fp8_prefill_bytes(group) if d.fp8_copy else 0)
+        out.append(GroupPlan(group.name, group.role, group.mtp, source, d.stored, d.served, d.converter, d.kernel,
                              group.numel, nbytes, gpu_bytes / shard_factor(group, layout), group.dtype))
     plan = Plan(model, family, arch.name, source_format, layout, out,
                 selections={f"{k}:{s.value}": asdict(v) | {"served_scheme": v.served_scheme.value}
-                            for (k, s), v in selections.items()})
+                            for (k, s), v in selections.items()},
+                num_hidden_layers=num_hidden_layers)
     for rule in rules:
         for t in rule.targets:
             if t not in used_targets:

@@ -37,6 +37,7 @@ def _plan(cfg, ckpt: Path, report) -> object | None:
 
 def run(cfg) -> int:
     from nvfp4stack.checkpoint.doctor import diagnose
+    from nvfp4stack.checkpoint.doctor_plan import check_plan_agreement
     from nvfp4stack.checkpoint.doctor_report import DoctorReport
     from nvfp4stack.io_atomic import atomic_write_text
 
@@ -45,6 +46,9 @@ def run(cfg) -> int:
     plan = _plan(cfg, ckpt, pre) if ckpt.is_dir() else None
     report = diagnose(ckpt, plan=plan)
     report.findings[:0] = pre.findings
+    if plan is not None:
+        # the checkpoint's quantization_config against its tensors and against the plan serve runs
+        check_plan_agreement(plan, ckpt, report)
     print(report.table())
     atomic_write_text(Path(cfg.run_dir) / "doctor.json", json.dumps(report.to_json(), indent=2))
     return report.exit_code

@@ -7,7 +7,6 @@ Writes metrics.json and metrics.md into cfg.run_dir.
 """
 from __future__ import annotations
 
-import sys
 import time
 
 
@@ -71,8 +70,11 @@ def run(cfg) -> int:
     print(m.read_text())
     print(f"eval: wrote {j} and {m} in {metrics['seconds']} s")
     if metrics.get("plan_error"):
-        # the emulated fidelity is still reported, but this precision cannot be served as configured
-        print(f"nvfp4stack eval: error: the recipe's plan failed ({metrics['plan_error']}); the metrics "
-              "above are emulation only. Fix the precision/backend keys it names (see `plan`)", file=sys.stderr)
-        return 2
+        # The emulated fidelity is still written, but this precision cannot be served as configured:
+        # the CLI turns PlanError into its one-line exit 2, like `plan` and `serve` for the same keys.
+        from nvfp4stack.plan.planner import PlanError
+
+        raise PlanError(f"the recipe's plan failed ({metrics['plan_error']}); the metrics in {j} are emulation "
+                        f"only. Fix the precision/backend keys it names (check with 'python main.py "
+                        f"recipe={cfg.recipe} plan')")
     return 0

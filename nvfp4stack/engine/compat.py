@@ -51,3 +51,19 @@ def triton_jit_hook_suspended():
         yield
     finally:
         knobs.runtime.jit_post_compile_hook = hook
+
+
+def engine_token_budget(default: int = 8192) -> int:
+    """Most tokens one forward of the engine being built can hold (the scheduler's
+    ``max_num_batched_tokens``); ``default`` outside an engine (tests building layers alone).
+
+    Read from the scheduler, not ``FusedMoEConfig.max_num_tokens``: that field is the token
+    budget in vLLM 0.32 but was the DP chunk size in older releases.
+    """
+    from vllm.config import get_current_vllm_config
+
+    try:
+        sched = get_current_vllm_config().scheduler_config
+    except AssertionError:  # vLLM 0.32 outside set_current_vllm_config
+        return default
+    return int(getattr(sched, "max_num_batched_tokens", None) or default)

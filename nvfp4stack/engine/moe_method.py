@@ -15,7 +15,7 @@ import torch
 from vllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEMethodBase
 from vllm.model_executor.layers.quantization.modelopt import ModelOptNvFp4FusedMoE
 
-from nvfp4stack.engine.compat import triton_jit_hook_suspended
+from nvfp4stack.engine.compat import engine_token_budget, triton_jit_hook_suspended
 from nvfp4stack.formats.nvfp4 import Nvfp4Tensor
 from nvfp4stack.kernels.base import MOE_BACKENDS
 from nvfp4stack.schemes import Scheme
@@ -122,6 +122,11 @@ class Nvfp4StackModelOptMoE(ModelOptNvFp4FusedMoE):
             from nvfp4stack.kernels.moe.fp8_prefill import prepare_fp8_experts
 
             self.fp8 = prepare_fp8_experts(self.w13, self.w2)  # +1 byte/weight, once
+        limit = getattr(layer, "swiglu_limit", None)
+        with triton_jit_hook_suspended():
+            MOE_BACKENDS.get(self.kernel).warm_up_moe(
+                self.w13, self.w2, top_k=self.moe.experts_per_token, max_tokens=engine_token_budget(),
+                swiglu_limit=None if limit is None else float(limit), fp8_weights=self.fp8)
 
     def apply(self, layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input):
         # Shared experts are run by vLLM's MoE runner (no internal modular kernel here).

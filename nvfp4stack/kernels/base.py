@@ -47,6 +47,14 @@ class KernelBackend:
         """Scheme x arch limits that neither question alone captures (default: none)."""
         return True, "ok"
 
+    @classmethod
+    def warm_up_moe(cls, w13, w2, *, top_k: int, max_tokens: int, swiglu_limit: float | None,
+                    fp8_weights=None) -> list[int]:
+        """MoE backends that JIT-compile: compile at load every binary a forward of up to
+        ``max_tokens`` tokens can need, so none compiles mid-request. Returns the token counts
+        run (default: nothing to compile)."""
+        return []
+
 
 MOE_BACKENDS: Registry[type[KernelBackend]] = Registry("moe backend")
 LINEAR_BACKENDS: Registry[type[KernelBackend]] = Registry("linear backend")

@@ -183,7 +183,7 @@ def test_moe_method_runs_planned_backend_on_packed_weights(registered):
 def _moe_config():
     from types import SimpleNamespace as NS
 
-    return NS(is_act_and_mul=True)  # FusedMoEMethodBase only stores it
+    return NS(is_act_and_mul=True, experts_per_token=2)  # FusedMoEMethodBase only stores it; top-k for warm-up
 
 
 def test_moe_method_fp8_prefill_builds_the_copy_once_and_hands_it_to_the_backend(registered, monkeypatch):
@@ -192,17 +192,22 @@ def test_moe_method_fp8_prefill_builds_the_copy_once_and_hands_it_to_the_backend
     FP8 path's CPU twin: triton_w4a16 itself needs a GPU."""
     from nvfp4stack.engine.moe_method import Nvfp4StackModelOptMoE
     from nvfp4stack.formats.nvfp4 import quantize_nvfp4
-    from nvfp4stack.kernels.base import MOE_BACKENDS
+    from nvfp4stack.kernels.base import MOE_BACKENDS, KernelBackend
     from nvfp4stack.kernels.moe.fp8_prefill import fp8_moe_forward_emulated, prepare_fp8_experts
     from nvfp4stack.schemes import Scheme
 
     seen = {}
 
-    class Recorder:
+    class Recorder(KernelBackend):
         @staticmethod
         def forward(x, w13, w2, topk_weights, topk_ids, *, swiglu_limit=None, mode="w4a16", fp8_weights=None, **kw):
             seen.update(mode=mode, fp8=fp8_weights)
             return fp8_moe_forward_emulated(x, fp8_weights, topk_weights, topk_ids, swiglu_limit=swiglu_limit)
+
+        @classmethod
+        def warm_up_moe(cls, w13, w2, *, top_k, max_tokens, swiglu_limit, fp8_weights=None):
+            seen.update(warm=(top_k, max_tokens, fp8_weights))
+            return []
 
     monkeypatch.setitem(MOE_BACKENDS._items, "fp8_recorder", Recorder)
     g = torch.Generator().manual_seed(random.randrange(2**31))
@@ -213,6 +218,9 @@ def test_moe_method_fp8_prefill_builds_the_copy_once_and_hands_it_to_the_backend
     Nvfp4StackModelOptMoE.__init__(m, None, _moe_config(), kernel="fp8_recorder", scheme=Scheme.NVFP4_W4A16,
                                    prefix="model.layers.1.mlp.experts", fp8_prefill=True)
     m.process_weights_after_loading(layer)
+    # the backend is asked to compile ahead at load: top-k of the layer, the token budget (vLLM's
+    # default outside an engine), and the FP8 copy it will be handed
+    assert seen["warm"][0] == 2 and seen["warm"][1] >= 1 and seen["warm"][2] is m.fp8
     want_fp8 = prepare_fp8_experts(w13, w2)
     for a, b in ((m.fp8.w13, want_fp8.w13), (m.fp8.w2_scale, want_fp8.w2_scale)):
         assert torch.equal(a.view(torch.uint8) if a.dtype == torch.float8_e4m3fn else a,

@@ -21,7 +21,7 @@ def _quant_row(v, mask, q_ptr, s_ptr, row, stride_q, offs, AMAX_FLOOR: tl.conste
     tl.store(s_ptr + row, sf)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_tokens"])  # one binary for every token count
 def gather_quant_rows_kernel(
     x_ptr, stride_x, tok_ptr, num_tokens, q_ptr, stride_q, s_ptr, K,
     AMAX_FLOOR: tl.constexpr, FP8_MAX: tl.constexpr, BLOCK: tl.constexpr,

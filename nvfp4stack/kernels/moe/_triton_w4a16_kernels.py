@@ -14,6 +14,11 @@ import triton.language as tl
 # The tiles carry value * scale * 2**-8 (see _dequant_tile); the epilogue multiplies it back.
 _TILE_UNSCALE = tl.constexpr(256.0)
 _TWO_POW_118 = tl.constexpr(3.3230699894622794e35)
+# Integer arguments that change with every batch size. Triton would otherwise compile one binary
+# per (== 1, % 16 == 0, other) class of each, and a server would meet the new ones mid-request
+# (1.6-2.1 s stalls on an H200, bench/RESULTS.md); with these unspecialized, each tile config has
+# one binary, which kernels/moe/warmup.py compiles at load.
+_PER_CALL = ["num_slots", "max_blocks"]
 
 
 @triton.jit
@@ -110,7 +115,7 @@ def _dequant_tile(w_ptrs, s_ptrs, mask_n, BN: tl.constexpr, BK: tl.constexpr, DE
     return tl.reshape(tl.join(lo_b, hi_b), (BN, BK))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_PER_CALL)
 def l1_swiglu_kernel(
     x_ptr, stride_xm,  # [T, H] bf16
     w_ptr, stride_we, stride_wn,  # [E, 2I, H/2] uint8
@@ -170,7 +175,7 @@ def l1_swiglu_kernel(
     tl.store(out_ptrs, h.to(out_ptr.dtype.element_ty), mask=mask_n[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_PER_CALL)
 def l2_combine_kernel(
     a_ptr, stride_am,  # [max_padded, I] bf16 from l1_swiglu_kernel
     w_ptr, stride_we, stride_wn,  # [E, H, I/2] uint8

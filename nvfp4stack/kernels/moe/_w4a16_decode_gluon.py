@@ -183,7 +183,7 @@ def _gemm_rows(
     return acc
 
 
-@gluon.jit
+@gluon.jit(do_not_specialize=["num_slots"])
 def l1_swiglu_decode_kernel(
     # the operands of _triton_w4a16_kernels.l1_swiglu_kernel (shapes there), less max_blocks
     x_ptr, stride_xm, w_ptr, stride_we, stride_wn, s_ptr, stride_se, stride_sn, gs_ptr, out_ptr, stride_om,
@@ -236,7 +236,7 @@ def l1_swiglu_decode_kernel(
     gl.store(p_gate, h.to(gl.bfloat16))
 
 
-@gluon.jit
+@gluon.jit(do_not_specialize=["num_slots"])
 def l2_decode_kernel(
     # the operands of _triton_w4a16_kernels.l2_combine_kernel (shapes there), less max_blocks
     a_ptr, stride_am, w_ptr, stride_we, stride_wn, s_ptr, stride_se, stride_sn, gs_ptr, topk_w_ptr,

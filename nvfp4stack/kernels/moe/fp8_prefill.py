@@ -136,7 +136,8 @@ def gather_quant_rows(x: torch.Tensor, tok: torch.Tensor, poison: bool = False):
 
     rows, k = tok.numel(), x.shape[1]
     q = torch.empty(rows, k, dtype=torch.float8_e4m3fn, device=x.device)
-    s = torch.full((rows,), float("nan"), device=x.device) if poison else torch.empty(rows, device=x.device)
+    # fp32 named: vLLM builds (and our warm-up runs) the model under a bf16 default dtype
+    s = torch.full((rows,), float("nan"), dtype=torch.float32, device=x.device) if poison else torch.empty(rows, dtype=torch.float32, device=x.device)
     gather_quant_rows_kernel[(rows,)](
         x, x.stride(0), tok, x.shape[0], q, q.stride(0), s, k,
         AMAX_FLOOR=AMAX_FLOOR, FP8_MAX=E4M3_MAX, BLOCK=_pow2(k), num_warps=8,
@@ -152,7 +153,8 @@ def swiglu_quant_rows(h: torch.Tensor, swiglu_limit: float | None, poison: bool 
 
     rows, inter = h.shape[0], h.shape[1] // 2
     q = torch.empty(rows, inter, dtype=torch.float8_e4m3fn, device=h.device)
-    s = torch.full((rows,), float("nan"), device=h.device) if poison else torch.empty(rows, device=h.device)
+    # fp32 named: vLLM builds (and our warm-up runs) the model under a bf16 default dtype
+    s = torch.full((rows,), float("nan"), dtype=torch.float32, device=h.device) if poison else torch.empty(rows, dtype=torch.float32, device=h.device)
     swiglu_quant_rows_kernel[(rows,)](
         h, h.stride(0), q, q.stride(0), s, inter,
         float(swiglu_limit) if swiglu_limit is not None else 0.0, HAS_LIMIT=swiglu_limit is not None,

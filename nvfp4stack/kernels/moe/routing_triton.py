@@ -21,7 +21,8 @@ def _kernel():
     import triton
     import triton.language as tl
 
-    @triton.jit
+    # per-call sizes are not specialized (one binary per BM): see _triton_w4a16_kernels._PER_CALL
+    @triton.jit(do_not_specialize=["num_slots", "max_padded", "max_blocks"])
     def align_kernel(
         ids_ptr, num_slots, num_experts,
         sorted_ptr, max_padded, expert_ids_ptr, max_blocks, num_padded_ptr,

@@ -128,22 +128,38 @@ _DECODE_T8 = (DecodeConfig(block_t=8, mrep=1, block_k=256, num_warps=8, prefetch
 _DECODE_T16 = (DecodeConfig(block_t=16, mrep=2, block_k=128, num_warps=4, prefetch=0),) * 2
 
 
-def pick_decode(rows_per_expert: float, hidden: int, inter: int, device: torch.device) -> tuple[DecodeConfig, DecodeConfig] | None:
-    """(L1, L2) decode tiles, or None where the Triton kernels are used instead."""
-    if rows_per_expert > DECODE_MAX_ROWS_PER_EXPERT or device.type != "cuda":
-        return None
-    if torch.cuda.get_device_capability(device)[0] != 9:  # only run (and tested) on sm90
-        return None
-    best = _DECODE_T8 if rows_per_expert <= 8 else _DECODE_T16
-    # the L2 tile for both GEMMs where the shape does not divide into the L1 tile
-    pair = next((p for p in (best, (best[1], best[1])) if all(c.fits(hidden, inter) for c in p)), None)
-    if pair is None:
-        return None
+def decode_available(device: torch.device) -> bool:
+    """Whether the Gluon decode kernels run on ``device``: sm90 (the only arch they were run and
+    tested on) with Triton >= 3.6."""
+    if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] != 9:
+        return False
     try:
         import triton.experimental.gluon  # noqa: F401  (Triton >= 3.6)
     except ImportError:
+        return False
+    return True
+
+
+def decode_pair(rows_per_expert: float, hidden: int, inter: int) -> tuple[DecodeConfig, DecodeConfig] | None:
+    """(L1, L2) decode tiles for this load and shape where the decode kernels are available."""
+    if rows_per_expert > DECODE_MAX_ROWS_PER_EXPERT:
         return None
-    return pair
+    best = _DECODE_T8 if rows_per_expert <= 8 else _DECODE_T16
+    # the L2 tile for both GEMMs where the shape does not divide into the L1 tile
+    return next((p for p in (best, (best[1], best[1])) if all(c.fits(hidden, inter) for c in p)), None)
+
+
+def pick_decode(rows_per_expert: float, hidden: int, inter: int, device: torch.device) -> tuple[DecodeConfig, DecodeConfig] | None:
+    """(L1, L2) decode tiles, or None where the Triton kernels are used instead."""
+    if rows_per_expert > DECODE_MAX_ROWS_PER_EXPERT or not decode_available(device):
+        return None
+    return decode_pair(rows_per_expert, hidden, inter)
+
+
+def pick_tiles(rows_per_expert: float, hidden: int, inter: int, decode: bool) -> tuple[TileConfig, TileConfig] | tuple[DecodeConfig, DecodeConfig]:
+    """The (L1, L2) tiles a call runs: the decode kernels' where ``decode`` (decode_available)
+    and the load and shape suit them, else the Triton kernels' heuristic."""
+    return (decode and decode_pair(rows_per_expert, hidden, inter)) or pick_config(rows_per_expert)
 
 
 def _t(*a, **kw) -> tuple[TileConfig, TileConfig]:
@@ -233,7 +249,7 @@ def nvfp4_moe_forward_triton(
         ).to(out_dtype)
 
     rows_per_expert = tokens * top_k / num_experts
-    cfg1, cfg2 = config or pick_decode(rows_per_expert, hidden, inter, x.device) or pick_config(rows_per_expert)
+    cfg1, cfg2 = config or pick_tiles(rows_per_expert, hidden, inter, decode_available(x.device))
     if cfg1.block_m != cfg2.block_m or type(cfg1) is not type(cfg2):
         raise ValueError(f"config: L1 and L2 share the routing blocks, found {cfg1} and {cfg2}")
     decode = isinstance(cfg1, DecodeConfig)
@@ -312,6 +328,12 @@ class TritonW4A16Moe(KernelBackend):
     schemes = (Scheme.NVFP4, Scheme.NVFP4_W4A16)
 
     forward = staticmethod(nvfp4_moe_forward_triton)
+
+    @classmethod
+    def warm_up_moe(cls, w13, w2, *, top_k, max_tokens, swiglu_limit, fp8_weights=None) -> list[int]:
+        from nvfp4stack.kernels.moe.warmup import warm_up
+
+        return warm_up(w13, w2, top_k, max_tokens, swiglu_limit=swiglu_limit, fp8_weights=fp8_weights)
 
     @classmethod
     def is_supported(cls, arch: Arch) -> Verdict:

@@ -1,0 +1,78 @@
+"""Compile every kernel binary the ``triton_w4a16`` MoE can launch, once, before serving.
+
+Triton compiles a kernel the first time it meets a new tile config (and, for specialized integer
+arguments, a new value class). A server meets new token counts mid-request; on an H200 that cost
+1.6-2.1 s of TTFT per new binary (bench/RESULTS.md). The per-call sizes are unspecialized in the
+kernels (``do_not_specialize``), so the binaries a call needs depend only on which tiles, mode and
+routing path it takes: ``launch_key``, computed by the same functions the forward uses.
+``warmup_token_counts`` finds the smallest token count of each distinct key up to the engine's
+token budget, and ``warm_up`` runs the forward once at each: every binary is then compiled (or
+loaded from Triton's disk cache) at model load, where vLLM's own warm-up and profiling happen.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Hashable
+
+import torch
+
+from nvfp4stack.formats.nvfp4 import Nvfp4Tensor
+from nvfp4stack.kernels.moe import fp8_prefill
+from nvfp4stack.kernels.moe.routing_triton import MAX_SLOTS
+from nvfp4stack.kernels.moe.triton_w4a16 import decode_available, nvfp4_moe_forward_triton, pick_tiles
+
+log = logging.getLogger(__name__)
+
+_WARMED: set[tuple] = set()  # (device, shapes, top_k, budget, limit?, fp8?) already warmed here
+_HAS_FP8 = object()  # select_mode only asks whether FP8 weights exist
+
+
+def launch_key(tokens: int, top_k: int, num_experts: int, hidden: int, inter: int, *,
+               decode: bool, has_fp8: bool) -> Hashable:
+    """What decides the binaries one forward call of ``tokens`` tokens launches ('auto' mode)."""
+    rows = tokens * top_k / num_experts
+    triton_align = tokens * top_k <= MAX_SLOTS  # routing_triton.align_routing's choice
+    if fp8_prefill.select_mode("auto", rows, _HAS_FP8 if has_fp8 else None) == "fp8":
+        return ("fp8", triton_align)
+    return (pick_tiles(rows, hidden, inter, decode), triton_align)
+
+
+def warmup_token_counts(top_k: int, num_experts: int, hidden: int, inter: int, max_tokens: int, *,
+                        decode: bool, has_fp8: bool) -> list[int]:
+    """The smallest token count of every distinct ``launch_key`` in 1..max_tokens."""
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens: expected the engine's token budget (>= 1), found {max_tokens}")
+    first: dict[Hashable, int] = {}
+    for t in range(1, max_tokens + 1):
+        first.setdefault(launch_key(t, top_k, num_experts, hidden, inter, decode=decode, has_fp8=has_fp8), t)
+    return sorted(first.values())
+
+
+def warm_up(w13: Nvfp4Tensor, w2: Nvfp4Tensor, top_k: int, max_tokens: int, *,
+            swiglu_limit: float | None, fp8_weights: "fp8_prefill.Fp8ExpertWeights | None" = None) -> list[int]:
+    """Run the forward once per distinct launch key up to ``max_tokens`` on these weights (random
+    activations, routing spread over all experts); returns the token counts run ([] when an
+    earlier layer of the same shapes already did it in this process)."""
+    device = w13.data.device
+    num_experts, two_i, hidden = w13.shape
+    inter = two_i // 2
+    key = (str(device), tuple(w13.shape), tuple(w2.shape), top_k, max_tokens, swiglu_limit is None,
+           fp8_weights is None)
+    if key in _WARMED or device.type != "cuda":
+        return []
+    counts = warmup_token_counts(top_k, num_experts, hidden, inter, max_tokens,
+                                 decode=decode_available(device), has_fp8=fp8_weights is not None)
+    start = time.perf_counter()
+    g = torch.Generator(device=device).manual_seed(0)
+    for t in counts:
+        x = torch.randn(t, hidden, generator=g, device=device, dtype=torch.float32).to(torch.bfloat16)
+        ids = (torch.arange(t * top_k, device=device, dtype=torch.int32) % num_experts).view(t, top_k)
+        weights = torch.full((t, top_k), 1.0 / top_k, device=device, dtype=torch.float32)
+        nvfp4_moe_forward_triton(x, w13, w2, weights, ids, swiglu_limit=swiglu_limit, mode="auto",
+                                 fp8_weights=fp8_weights)
+    torch.cuda.synchronize(device)
+    _WARMED.add(key)
+    log.info("triton_w4a16: compiled the MoE kernels for %d launch configurations (token counts %s, "
+             "budget %d) in %.1f s", len(counts), counts, max_tokens, time.perf_counter() - start)
+    return counts

@@ -1,0 +1,116 @@
+"""kernels/moe/warmup.py: the token counts that compile every triton_w4a16 binary at load.
+
+CPU: the regime boundaries for real shapes, worked out by hand from the tile heuristics
+(rows/expert = tokens * top_k / experts; decode tiles T8 <= 8 < T16 <= 16, Triton tiles <= 48,
+<= 160, FP8 from 64 when its weights exist, Triton routing up to 8192 slots).
+GPU: after warm_up, forwards at other token counts compile nothing (Triton's jit_cache_hook
+counts every in-memory cache miss) and still match the fp32 twin.
+"""
+import os
+
+import pytest
+import torch
+
+from nvfp4stack.kernels.moe import warmup as wu
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU with Triton")
+
+
+@pytest.mark.parametrize("decode,fp8,expected", [
+    # Flash EP shape: 64 local experts, top-6, 4096 x 2048
+    (True, True, [1, 86, 171, 513, 683, 1366]),  # T8 | T16 | 32-row | 64-row | FP8 | FP8, torch routing
+    (True, False, [1, 86, 171, 513, 1366, 1707]),  # ... | 64-row | 64-row, torch routing | 128-row
+    (False, False, [1, 171, 513, 1366, 1707]),  # no decode kernels: one 16-row Triton tile to 16 rows
+])
+def test_flash_shape_boundaries(decode, fp8, expected):
+    counts = wu.warmup_token_counts(6, 64, 4096, 2048, 8192, decode=decode, has_fp8=fp8)
+    assert counts == expected
+
+
+def test_budget_cuts_the_list_and_every_count_has_its_own_key():
+    full = wu.warmup_token_counts(6, 48, 7168, 3072, 16384, decode=True, has_fp8=True)  # Pro EP shape
+    assert full[0] == 1 and full == sorted(set(full))
+    keys = [wu.launch_key(t, 6, 48, 7168, 3072, decode=True, has_fp8=True) for t in full]
+    assert len(set(keys)) == len(keys)
+    # every token count up to the budget launches what one of the warmed counts launched
+    every = {wu.launch_key(t, 6, 48, 7168, 3072, decode=True, has_fp8=True) for t in range(1, 16385)}
+    assert every == set(keys)
+    short = wu.warmup_token_counts(6, 48, 7168, 3072, 100, decode=True, has_fp8=True)
+    assert short == [t for t in full if t <= 100] and short[-1] <= 100
+    assert wu.warmup_token_counts(6, 48, 7168, 3072, 1, decode=True, has_fp8=True) == [1]
+
+
+def test_decode_tiles_that_do_not_fit_fall_back():
+    # 2880 divides into neither decode BK: the Triton 16-row tile serves all decode loads
+    counts = wu.warmup_token_counts(4, 32, 2880, 2880, 4096, decode=True, has_fp8=False)
+    assert counts[:2] == [1, 129]  # 128 * 4 / 32 = 16 rows -> 32-row tile from 129 tokens
+
+
+def test_bad_budget_is_named():
+    with pytest.raises(ValueError, match="max_tokens.*token budget"):
+        wu.warmup_token_counts(6, 64, 4096, 2048, 0, decode=True, has_fp8=False)
+
+
+def test_cpu_weights_are_not_warmed():
+    from nvfp4stack.formats.nvfp4 import quantize_nvfp4
+
+    g = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+    w13 = quantize_nvfp4(torch.randn(4, 128, 64, generator=g), name="w13")
+    w2 = quantize_nvfp4(torch.randn(4, 64, 64, generator=g), name="w2")
+    assert wu.warm_up(w13, w2, 2, 64, swiglu_limit=None) == []
+
+
+@gpu
+@pytest.mark.gpu
+def test_nothing_compiles_after_warm_up():
+    from triton import knobs
+
+    from nvfp4stack.formats.nvfp4 import quantize_nvfp4
+    from nvfp4stack.kernels.moe import fp8_prefill as fp
+    from nvfp4stack.kernels.moe.fp8_prefill import prepare_fp8_experts
+    from nvfp4stack.kernels.moe.torch_emulation import nvfp4_moe_forward
+    from nvfp4stack.kernels.moe.triton_w4a16 import nvfp4_moe_forward_triton
+
+    seed = int.from_bytes(os.urandom(4), "little")
+    print(f"seed={seed}")
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    experts, hidden, inter, top_k, budget, limit = 16, 1024, 512, 4, 3000, 10.0
+    w13 = quantize_nvfp4(torch.randn(experts, 2 * inter, hidden, device="cuda", generator=g) / hidden**0.5, name="w13")
+    w2 = quantize_nvfp4(torch.randn(experts, hidden, inter, device="cuda", generator=g) / inter**0.5, name="w2")
+    fp8 = prepare_fp8_experts(w13, w2)
+    counts = wu.warm_up(w13, w2, top_k, budget, swiglu_limit=limit, fp8_weights=fp8)
+    assert counts and counts[0] == 1 and counts[-1] <= budget
+    assert wu.warm_up(w13, w2, top_k, budget, swiglu_limit=limit, fp8_weights=fp8) == []  # once per process
+
+    compiled: list[str] = []
+
+    def hook(*_a, **kw):
+        compiled.append(getattr(kw.get("fn"), "name", "?"))
+        return False  # compile as usual: only count
+
+    # off-boundary counts, the boundaries' neighbours, and random ones
+    tokens = sorted({1, 2, 3, 7, 15, 16, 17, 33, budget - 1, budget}
+                    | {c + d for c in counts for d in (-1, 0, 1) if 1 <= c + d <= budget}
+                    | {int(t) for t in torch.randint(1, budget + 1, (12,), generator=g, device="cuda").tolist()})
+    old = knobs.runtime.jit_cache_hook
+    knobs.runtime.jit_cache_hook = hook
+    try:
+        for t in tokens:
+            x = (torch.randn(t, hidden, device="cuda", generator=g) * 2).bfloat16()
+            probs = torch.rand(experts, device="cuda", generator=g) + 0.05
+            probs[0] = 5.0 * experts  # skewed
+            ids = torch.multinomial(probs.expand(t, -1), top_k, generator=g).to(torch.int32)
+            wts = torch.softmax(torch.randn(t, top_k, device="cuda", generator=g), -1)
+            out = nvfp4_moe_forward_triton(x, w13, w2, wts, ids, swiglu_limit=limit, mode="auto", fp8_weights=fp8)
+            if t in (1, 17, budget):
+                ref = nvfp4_moe_forward(x.float(), w13, w2, wts, ids, swiglu_limit=limit)
+                err = ((out.float() - ref).norm() / ref.norm()).item()
+                # test_triton_w4a16's bound, or test_fp8_prefill's FP8_TOL where FP8 mode runs
+                tol = 8e-2 if fp.select_mode("auto", t * top_k / experts, fp8) == "fp8" else 1e-2
+                assert err <= tol, (t, err)
+            assert bool(torch.isfinite(out).all())
+        torch.cuda.synchronize()
+    finally:
+        knobs.runtime.jit_cache_hook = old
+    print(f"warm-up counts {counts}; {len(tokens)} later calls compiled {compiled}")
+    assert compiled == [], f"compiled after warm-up at token counts {tokens}: {compiled}"

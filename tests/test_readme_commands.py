@@ -60,8 +60,8 @@ def _free_port() -> int:
 
 def _check_gpu_only_command(cmd: str) -> None:
     """A `[needs GPU]` command that is not `main.py`: it must at least parse here. Scripts exist and
-    pass `bash -n` (with their verb in their usage); `python -m nvfp4stack.bundle` parses its
-    arguments with its own parser, running nothing."""
+    pass `bash -n` (with their verb in their usage); `python -m nvfp4stack.<module>` parses its
+    arguments with the module's own ``parser()``, running nothing."""
     words = shlex.split(cmd)
     while words and re.match(r"^[A-Z_]+=", words[0]):  # leading VAR=value environment settings
         words.pop(0)
@@ -72,10 +72,11 @@ def _check_gpu_only_command(cmd: str) -> None:
         verb = words[2] if len(words) > 2 else ""
         assert verb and verb in script.read_text(), f"{script} has no verb {verb!r}: {cmd}"
         return
-    assert words[:3] == ["python", "-m", "nvfp4stack.bundle"], f"unexpected GPU-only README command: {cmd}"
-    from nvfp4stack.bundle.__main__ import parser
+    assert words[:2] == ["python", "-m"] and words[2].startswith("nvfp4stack."), f"unexpected GPU-only README command: {cmd}"
+    import importlib
 
-    parser().parse_args(words[3:])
+    mod = importlib.import_module(words[2] + (".__main__" if words[2] == "nvfp4stack.bundle" else ""))
+    mod.parser().parse_args(words[3:])  # the module's own parser, running nothing
 
 
 def _argv(cmd: str) -> list[str]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
-from pathlib import Path
 
 GOAL_S = 90.0
 
@@ -30,30 +29,15 @@ def first_token_s(base_url: str, model: str, t0: float, timeout_s: float = 120.0
 
 
 def run(cfg) -> list[dict]:
-    from nvfp4stack.engine import server
     from nvfp4stack.engine.plan_section import engine_plan_for
-    from nvfp4stack.tasks.serve import CPU_DEFAULT_ENV, build_argv, resolve_checkpoint
+    from nvfp4stack.tasks.serve import resolve_checkpoint, serving
 
-    engine = cfg.engine
-    run_dir = Path(cfg.run_dir)
-    plan = engine_plan_for(cfg)
     t_build = time.monotonic()
-    ckpt = resolve_checkpoint(cfg, plan, build=True)
+    resolve_checkpoint(cfg, engine_plan_for(cfg), build=True)
     build_s = time.monotonic() - t_build
-    argv = build_argv(cfg, plan, ckpt)
-    env = dict(CPU_DEFAULT_ENV) if cfg.arch.name == "cpu" else {}
-    env.update(engine.env)
-    log_path = run_dir / "vllm_server.log"
-    base_url = f"http://{engine.host}:{engine.port}/v1"
-
     t0 = time.monotonic()
-    proc = server.launch(argv, log_path, env)
-    try:
-        models = server.wait_ready(proc, base_url, engine.ready_timeout_s, log_path)
-        ready_s = time.monotonic() - t0
-        ttft_s = first_token_s(base_url, models[0], t0)
-    finally:
-        left = server.shutdown(proc)
+    with serving(cfg) as (base_url, model, ready_s, _, _):
+        ttft_s = first_token_s(base_url, model, t0)
     rows = [
         {"metric": "checkpoint_build_s", "value": round(build_s, 2),
          "note": "cached" if build_s < 5 else "built + quantized"},
@@ -63,6 +47,4 @@ def run(cfg) -> list[dict]:
     ]
     print(f"cold start to first token: {ttft_s:.1f} s (engine ready {ready_s:.1f} s, checkpoint "
           f"{build_s:.1f} s); goal <= {GOAL_S:.0f} s: {'met' if ttft_s <= GOAL_S else 'NOT met'}")
-    if left:
-        raise RuntimeError(f"cold_start: server processes still alive after shutdown: {left}")
     return rows

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-BENCHES = ("formats", "moe_kernel", "cold_start")
+BENCHES = ("formats", "moe_kernel", "cold_start", "engine")
 
 
 @dataclass
@@ -15,7 +15,22 @@ class BenchConfig:
     device: str = "auto"          # auto = cuda when present, else cpu
     size_mb: int = 64             # data volume per format benchmark
     repeat: int = 5
+    seed: int = 0
+    # bench=engine (nvfp4stack/bench/engine.py): settings served one after another, the loads measured
+    engine_settings: list[str] = field(default_factory=lambda: ["triton_w4a16", "triton_w4a16+fp8", "marlin", "bf16"])
+    engine_model: str = "synthetic"     # synthetic (Flash expert shapes, built once) | recipe (its checkpoint)
+    engine_model_layers: int = 8        # synthetic: 1 dense + 7 MoE layers
+    engine_batches: list[int] = field(default_factory=lambda: [1, 8, 32, 128, 256])
+    engine_input_len: int = 128         # decode requests' prompt tokens
+    engine_output_len: int = 128        # decode requests' generated tokens (ignore_eos)
+    engine_decode_waves: int = 4        # decode requests per batch = batch x waves (steadier than one wave)
+    engine_prefill_len: int = 2048      # prefill prompts' tokens (one generated token)
+    engine_prefill_prompts: int = 32    # 0 = no prefill row
+    engine_prefill_concurrency: int = 8
 
     def __post_init__(self) -> None:
         if self.name not in BENCHES:
             raise ValueError(f"bench.name={self.name!r} is not a benchmark; valid: {', '.join(BENCHES)}")
+        if self.engine_decode_waves < 1:
+            raise ValueError(f"bench.engine_decode_waves: expected >= 1 (requests per batch = batch x waves), "
+                             f"found {self.engine_decode_waves}; fix: bench.engine_decode_waves=4")

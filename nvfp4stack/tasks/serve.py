@@ -6,6 +6,7 @@ MoE path. ``engine.dry_run=true`` prints the exact command line and exits.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import sys
@@ -102,6 +103,34 @@ def build_argv(cfg, plan: EnginePlan, ckpt: Path) -> list[str]:
                        json.dumps({"quantization_config": {SECTION_KEY: plan.to_dict(),
                                                            "...": f"<quantization_config of {ckpt}>"}})]
     return server_argv(cfg.engine, model=str(ckpt), served_name=served, plan=plan)
+
+
+@contextlib.contextmanager
+def serving(cfg, *, log_name: str = "vllm_server.log"):
+    """The recipe's server, started like ``serve`` does (plan, checkpoint, argv, env), for a caller
+    that measures it (benchmarks): yields (base_url, model_id, ready_s, argv, checkpoint dir) once
+    /v1/models lists the model, and stops the whole process tree on exit."""
+    from nvfp4stack.engine import server
+
+    engine = cfg.engine
+    plan = engine_plan_for(cfg)
+    ckpt = resolve_checkpoint(cfg, plan, build=True)
+    argv = build_argv(cfg, plan, ckpt)
+    if plan.needs_plugin():
+        check_plugin_installed()
+    env = dict(CPU_DEFAULT_ENV) if cfg.arch.name == "cpu" else {}
+    env.update(engine.env)
+    log_path = Path(cfg.run_dir) / log_name
+    base_url = f"http://{engine.host}:{engine.port}/v1"
+    t0 = time.monotonic()
+    proc = server.launch(argv, log_path, env)
+    try:
+        models = server.wait_ready(proc, base_url, engine.ready_timeout_s, log_path)
+        yield base_url, models[0], time.monotonic() - t0, argv, ckpt
+    finally:
+        left = server.shutdown(proc)
+        if left:
+            raise RuntimeError(f"serve: server processes still alive after shutdown: {left} (log {log_path})")
 
 
 def run(cfg) -> int:

@@ -1,0 +1,104 @@
+"""Decode at engine batch sizes: ``tokens x top_k`` routed slots over ``experts`` (most idle).
+
+``python -m nvfp4stack.bench.moe_few_tokens [--shape flash] [--experts 64] [--top-k 6]
+[--tokens 1,2,4,8,16] [--routing uniform,zipf]`` (GPU host; torch + triton only). At batch 1-10
+with DeepSeek-V4-Flash's 64 local experts and top-6 most experts get no token, a load that
+``bench.moe_kernel`` (every expert ``n`` rows) never shows. Per load it times, with CUDA-graph
+replay, the tiles the forward picks, every decode tile candidate that fits the shape, the Triton
+path, and bf16 ``torch._grouped_mm`` on the same routing (gather, two grouped GEMMs, SwiGLU), and
+prints us and TB/s on the NVFP4 bytes of the experts that received tokens.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+
+from nvfp4stack.bench.moe_kernel import SHAPES, _bf16_pipeline, _short, _time_ms, dequant_all, random_nvfp4_experts
+
+
+def routing(tokens: int, experts: int, top_k: int, kind: str, gen: torch.Generator, device) -> torch.Tensor:
+    """[tokens, top_k] distinct experts per token: uniform, or Zipf (exponent 1.1) over experts."""
+    if kind == "uniform":
+        p = torch.ones(experts, device=device)
+    elif kind == "zipf":
+        p = 1.0 / torch.arange(1, experts + 1, device=device, dtype=torch.float32) ** 1.1
+    else:
+        raise ValueError(f"--routing: expected uniform or zipf, found {kind!r}")
+    return torch.multinomial(p.expand(tokens, -1), top_k, generator=gen).to(torch.int32)
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="flash")
+    ap.add_argument("--experts", type=int, default=64)
+    ap.add_argument("--top-k", type=int, default=6)
+    ap.add_argument("--tokens", default="1,2,4,8,16")
+    ap.add_argument("--routing", default="uniform,zipf")
+    ap.add_argument("--seed", type=int, default=None)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    from nvfp4stack.kernels.moe import triton_w4a16 as tw
+
+    a = parser().parse_args(argv)
+    if not torch.cuda.is_available():
+        print("moe_few_tokens: needs a CUDA GPU (the Triton/Gluon kernels); nothing run")
+        return 2
+    dev = torch.device("cuda")
+    hidden, inter = SHAPES[a.shape]
+    seed = a.seed if a.seed is not None else int.from_bytes(os.urandom(4), "little")
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    e, k = a.experts, a.top_k
+    w13 = random_nvfp4_experts(e, 2 * inter, hidden, dev, gen)
+    w2 = random_nvfp4_experts(e, hidden, inter, dev, gen)
+    w13t, w2t = dequant_all(w13).transpose(1, 2), dequant_all(w2).transpose(1, 2)
+    per_expert_bytes = sum((t.data[0].numel() + t.scale[0].numel()) for t in (w13, w2))
+    print(f"{a.shape} {hidden}x{inter}, {e} experts, top-{k}, seed={seed}, {torch.cuda.get_device_name()}")
+    cands = [c for c in tw.DECODE_CANDIDATES if c[0].fits(hidden, inter)]
+    summary = []
+    for kind in a.routing.split(","):
+        for tokens in (int(t) for t in a.tokens.split(",")):
+            ids = routing(tokens, e, k, kind, gen, dev)
+            wts = torch.softmax(torch.randn(tokens, k, device=dev, generator=gen), -1)
+            x = torch.randn(tokens, hidden, device=dev, dtype=torch.bfloat16, generator=gen)
+            counts = torch.bincount(ids.reshape(-1).long(), minlength=e)
+            active = int((counts > 0).sum())
+            offs = torch.cumsum(counts, 0).to(torch.int32)
+            order = torch.argsort(ids.reshape(-1), stable=True)
+            x_sorted = x[(order // k)].contiguous()
+            nbytes = active * per_expert_bytes
+
+            def ours(cfg):
+                return tw.nvfp4_moe_forward_triton(x, w13, w2, wts, ids, swiglu_limit=10.0, config=cfg, mode="w4a16")
+
+            heur = tw.pick_tiles(tokens * k / e, hidden, inter, tw.decode_available(dev))
+            t_heur = _time_ms(lambda: ours(heur), True)
+            t_bf16 = _time_ms(lambda: _bf16_pipeline(x_sorted, w13t, w2t, offs, 10.0), True)
+            best, t_best = heur, t_heur
+            for cand in cands + [tw.pick_config(tokens * k / e)]:
+                if cand == heur:
+                    continue
+                try:
+                    t = _time_ms(lambda: ours(cand), True, rep=40)
+                except Exception as exc:  # a tile that fails is reported, not fatal
+                    print(f"  {_short(cand)} failed: {type(exc).__name__}: {str(exc)[:120]}")
+                    continue
+                print(f"  {kind:7s} T={tokens:3d} active={active:3d} {_short(cand):60s} {t * 1e3:8.1f} us")
+                if t < t_best:
+                    best, t_best = cand, t
+            row = (kind, tokens, active, t_heur * 1e3, nbytes / t_heur / 1e9, t_best * 1e3, _short(best),
+                   t_bf16 * 1e3, t_bf16 / t_heur)
+            summary.append(row)
+            print(f"  {kind:7s} T={tokens:3d} active={active:3d} picked {_short(heur)}: {t_heur * 1e3:.1f} us")
+    print("\n| routing | tokens | active experts | picked us | picked TB/s | best us | best tile | bf16 us | picked vs bf16 |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in summary:
+        print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]:.1f} | {r[4]:.2f} | {r[5]:.1f} | {r[6]} | {r[7]:.1f} | {r[8]:.2f}x |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

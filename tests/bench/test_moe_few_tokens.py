@@ -1,0 +1,28 @@
+"""bench/moe_few_tokens.py: its routing (distinct experts per token, Zipf skew) and the CPU refusal."""
+import os
+
+import pytest
+import torch
+
+from nvfp4stack.bench import moe_few_tokens as mf
+
+
+def test_routing_distinct_per_token_and_zipf_is_skewed():
+    g = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+    uni = mf.routing(4000, 64, 6, "uniform", g, "cpu")
+    zipf = mf.routing(4000, 64, 6, "zipf", g, "cpu")
+    for ids in (uni, zipf):
+        assert ids.shape == (4000, 6) and ids.dtype == torch.int32
+        assert all(len(set(row)) == 6 for row in ids.tolist())  # top-k picks distinct experts
+    cu = torch.bincount(uni.reshape(-1).long(), minlength=64).float()
+    cz = torch.bincount(zipf.reshape(-1).long(), minlength=64).float()
+    assert cu.max() / cu.mean() < 1.3  # near balanced
+    assert cz[0] > 4 * cz[32:].mean() and cz.max() / cz.mean() > 2  # the head experts are hot
+    with pytest.raises(ValueError, match="--routing: expected uniform or zipf"):
+        mf.routing(1, 8, 2, "pareto", g, "cpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a host without a GPU")
+def test_no_gpu_is_said_and_nothing_runs(capsys):
+    assert mf.main(["--tokens", "1"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().out

@@ -135,7 +135,7 @@ def bench_shape(args: MoeKernelBench, name: str, log) -> list[dict]:
                 fp8_weights=fp8w,
             )
 
-        # what the forward picks: the Gluon decode kernels at <= 16 rows/expert, else Triton tiles
+        # what the forward picks: the Gluon decode kernels up to DECODE_MAX_ROWS_PER_EXPERT, else Triton tiles
         heur = tw.pick_decode(slots / e, hidden, inter, dev) or tw.pick_config(slots / e)
         graph = per_expert <= args.graph_max_per_expert
         t_ours = _time_ms(lambda: ours(heur), graph)
@@ -145,7 +145,7 @@ def bench_shape(args: MoeKernelBench, name: str, log) -> list[dict]:
             t_triton_path = _time_ms(lambda: ours(tw.pick_config(slots / e)), graph)
         if args.sweep:
             decode_cands = tuple(c for c in tw.DECODE_CANDIDATES if c[0].fits(hidden, inter)
-                                 and (c[0].block_t == 16) == (heur[0].block_m == 16)) if isinstance(heur[0], tw.DecodeConfig) else ()
+                                 and c[0].block_t == heur[0].block_t) if isinstance(heur[0], tw.DecodeConfig) else ()
             for cand in tw.CANDIDATES + decode_cands + (tw.DIAG if args.diag else ()):
                 bm = cand[0].block_m
                 # M tiles far from the load (tiny at prefill, big at decode) are known losers

@@ -6,7 +6,7 @@ Why a second kernel: the Triton path (_triton_w4a16_kernels.py) has the tokens a
 side and the dequantized weight tile as B, which Triton stages through shared memory before
 every MMA; at decode that round trip alone caps it at 2.75x (Flash) / 3.4x (Pro) bf16.
 Here the operands are swapped (out^T = W x^T): weight rows are M (16-row mma.sync tiles), the
-8/16 tokens of one routing block are N, and both operands are built in registers in the exact
+8/16/32 tokens of one routing block are N, and both operands are built in registers in the exact
 mma.sync fragment layouts, so nothing goes through shared memory.
 
 The K order inside one BK tile is permuted, identically for both operands (a dot product does
@@ -51,7 +51,7 @@ def decode_layouts(num_warps: int, mrep: int, block_t: int, block_k: int, prefet
     Returns (mma, w_bytes [R, BK/2], w_blocks [R, BK/16, 8], x [BT, BK], extra) where extra is
     (w32,): the weight tile as int32 words for the register-prefetch variant (prefetch == 1), else None.
     """
-    assert block_k % 64 == 0 and block_t in (8, 16)
+    assert block_k % 64 == 0 and block_t in (8, 16, 32)
     rows = 16 * num_warps * mrep
     bpt = block_k // 8  # weight bytes per thread per row
     mma = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, 8])
@@ -70,7 +70,7 @@ def decode_layouts(num_warps: int, mrep: int, block_t: int, block_k: int, prefet
         warp_bases=[[w[0], 0, 0] for w in warps2], block_bases=[], shape=[rows, block_k // 16, 8],
     )
     x = gl.DistributedLinearLayout(
-        reg_bases=[[0, b] for b in _bits(block_k // 4)] + ([[8, 0]] if block_t == 16 else []),
+        reg_bases=[[0, b] for b in _bits(block_k // 4)] + [[8 * b, 0] for b in _bits(block_t // 8)],
         lane_bases=[[0, block_k // 4], [0, block_k // 2], [1, 0], [2, 0], [4, 0]],
         warp_bases=[[0, 0] for _ in _bits(num_warps)], block_bases=[], shape=[block_t, block_k],
     )

@@ -5,7 +5,7 @@ Two launches over expert-aligned token blocks (routing.py):
   L2  h @ w2[e]^T * routing weight -> rows[T*k, H]; top-k rows summed per token.
 Weights stay packed; tiles are dequantized in registers. Triton is imported only when the
 kernel runs, so CPU hosts can import this module to register the backend.
-Decode loads (<= 16 routed rows per expert) on sm90 run the Gluon kernels of
+Decode loads (<= 32 routed rows per expert) on sm90 run the Gluon kernels of
 _w4a16_decode_gluon.py instead (weights as the mma.sync M side, operands built in registers, no
 shared memory); routing alignment is one Triton launch (routing_triton.py) up to 8192 slots.
 Prefill-heavy calls can instead run the FP8 tensor-core mode (fp8_prefill.py, ``mode``/``fp8_weights``).
@@ -67,7 +67,7 @@ class TileConfig:
 class DecodeConfig:
     """Tile of the Gluon decode kernels (_w4a16_decode_gluon.py): weights as the mma.sync M side.
 
-    ``block_t`` tokens per routing block (the MMA's N: 8 or 16), ``mrep`` 16-row MMA tiles per
+    ``block_t`` tokens per routing block (the MMA's N: 8, 16 or 32), ``mrep`` 16-row MMA tiles per
     warp, so one program covers ``rows = 16 * num_warps * mrep`` weight rows (L1: rows/2 gate
     and rows/2 up rows) and ``block_k`` of the reduction dim per step.
     """
@@ -93,8 +93,8 @@ class DecodeConfig:
                 and inter % (self.rows // 2) == 0 and hidden % self.rows == 0)
 
     def __post_init__(self):
-        if self.prefetch not in (0, 1) or self.block_t not in (8, 16) or self.block_k % 64:
-            raise ValueError(f"DecodeConfig: prefetch 0|1, block_t 8|16, block_k a multiple of 64; got {self}")
+        if self.prefetch not in (0, 1) or self.block_t not in (8, 16, 32) or self.block_k % 64:
+            raise ValueError(f"DecodeConfig: prefetch 0|1, block_t 8|16|32, block_k a multiple of 64; got {self}")
 
 
 # Tile heuristics by average routed rows per expert. Decode is bound by weight bytes and by the
@@ -110,7 +110,7 @@ def pick_config(rows_per_expert: float) -> tuple[TileConfig, TileConfig]:
     """Heuristic (L1, L2) tile choice from the average routed rows per expert."""
     if rows_per_expert <= 16:
         return _DECODE, _DECODE
-    if rows_per_expert <= 48:
+    if rows_per_expert <= 32:  # one 32-row block per expert; from 33 one 64-row block beats two
         return _SMALL, _SMALL
     if rows_per_expert <= 160:
         return _MEDIUM, _MEDIUM
@@ -118,14 +118,19 @@ def pick_config(rows_per_expert: float) -> tuple[TileConfig, TileConfig]:
 
 
 # Decode (<= DECODE_MAX_ROWS_PER_EXPERT routed rows per expert) runs the Gluon mma.sync kernels
-# on sm90 when the shape fits their tiles; figures: bench/moe_kernel_notes.md.
-DECODE_MAX_ROWS_PER_EXPERT = 16
+# on sm90 when the shape fits their tiles; figures: bench/moe_kernel_notes.md. From 17 to 32 rows
+# the 32-token tile (2 m-tiles x BK=64) takes 9-12% less time than the Triton kernels' 32-row tile
+# (H100, 2026-11-24: Flash 24/32 rows 311/321 vs 343/352 us, Pro 780/812 vs 884/901). From 33 rows
+# it needs two blocks per expert (Flash 48 rows: 559 us) where one Triton 64-row block serves all
+# (443 us at 64 rows): the Triton tiles take over.
+DECODE_MAX_ROWS_PER_EXPERT = 32
 # (L1, L2): the two GEMMs need only share the routing block. L1 (K = hidden, twice L2's rows) runs
 # 10-13% faster with 8 warps of one m-tile and BK=256 than with the L2 tile (H200, 2026-11-22 05:10:
 # Flash 4 tok/expert 117.9 vs 130.6 us, Pro 291.3 vs 335.7), while L2 keeps 2 m-tiles x BK=128.
 _DECODE_T8 = (DecodeConfig(block_t=8, mrep=1, block_k=256, num_warps=8, prefetch=0),
               DecodeConfig(block_t=8, mrep=2, block_k=128, num_warps=4, prefetch=1))
 _DECODE_T16 = (DecodeConfig(block_t=16, mrep=2, block_k=128, num_warps=4, prefetch=0),) * 2
+_DECODE_T32 = (DecodeConfig(block_t=32, mrep=2, block_k=64, num_warps=4, prefetch=0),) * 2
 
 
 def decode_available(device: torch.device) -> bool:
@@ -144,7 +149,7 @@ def decode_pair(rows_per_expert: float, hidden: int, inter: int) -> tuple[Decode
     """(L1, L2) decode tiles for this load and shape where the decode kernels are available."""
     if rows_per_expert > DECODE_MAX_ROWS_PER_EXPERT:
         return None
-    best = _DECODE_T8 if rows_per_expert <= 8 else _DECODE_T16
+    best = _DECODE_T8 if rows_per_expert <= 8 else _DECODE_T16 if rows_per_expert <= 16 else _DECODE_T32
     # the L2 tile for both GEMMs where the shape does not divide into the L1 tile
     return next((p for p in (best, (best[1], best[1])) if all(c.fits(hidden, inter) for c in p)), None)
 
@@ -185,7 +190,9 @@ DECODE_CANDIDATES: tuple[tuple[DecodeConfig, DecodeConfig], ...] = tuple(
     (DecodeConfig(bt, m, bk, w, st), DecodeConfig(bt, m, bk, w, st))
     for bt, m, bk, w, st in ((8, 1, 128, 4, 1), (8, 1, 128, 8, 1), (8, 1, 256, 8, 0), (8, 2, 128, 4, 1),
                              (16, 2, 128, 4, 0), (16, 2, 128, 4, 1), (16, 2, 128, 8, 0),
-                             (8, 1, 256, 4, 0), (8, 1, 256, 8, 1), (16, 1, 256, 8, 0), (16, 1, 256, 4, 0))
+                             (8, 1, 256, 4, 0), (8, 1, 256, 8, 1), (16, 1, 256, 8, 0), (16, 1, 256, 4, 0),
+                             (32, 1, 128, 4, 0), (32, 1, 128, 8, 0), (32, 2, 64, 4, 0), (32, 2, 128, 4, 0),
+                             (32, 1, 64, 8, 0), (32, 1, 128, 4, 1), (32, 1, 256, 8, 0), (32, 2, 64, 8, 0))
 )
 # Diagnostics for --sweep --diag (WRONG numbers, never selected): same loads and MMAs, no dequant.
 DIAG = (_t(16, 64, 256, 4, 3, deq=9), _t(128, 64, 64, 4, 3, deq=9))

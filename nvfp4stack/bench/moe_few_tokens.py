@@ -6,7 +6,10 @@ with DeepSeek-V4-Flash's 64 local experts and top-6 most experts get no token, a
 ``bench.moe_kernel`` (every expert ``n`` rows) never shows. Per load it times, with CUDA-graph
 replay, the tiles the forward picks, every decode tile candidate that fits the shape, the Triton
 path, and bf16 ``torch._grouped_mm`` on the same routing (gather, two grouped GEMMs, SwiGLU), and
-prints us and TB/s on the NVFP4 bytes of the experts that received tokens.
+prints us and TB/s on the NVFP4 bytes of the experts that received tokens. Where vLLM for CUDA is
+installed (the offline bundle), vLLM's fused Marlin NVFP4 MoE runs on the same weights
+(bench/marlin_moe.py). Every run checks the picked tiles and Marlin against the fp32 twin on its
+fresh random inputs and exits 1 where either is off by more than 1e-2.
 """
 from __future__ import annotations
 
@@ -15,7 +18,9 @@ import os
 
 import torch
 
+from nvfp4stack.bench import marlin_moe
 from nvfp4stack.bench.moe_kernel import SHAPES, _bf16_pipeline, _short, _time_ms, dequant_all, random_nvfp4_experts
+from nvfp4stack.kernels.moe.torch_emulation import nvfp4_moe_forward
 
 
 def routing(tokens: int, experts: int, top_k: int, kind: str, gen: torch.Generator, device) -> torch.Tensor:
@@ -37,6 +42,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--tokens", default="1,2,4,8,16")
     ap.add_argument("--routing", default="uniform,zipf")
     ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--marlin", choices=("auto", "on", "off"), default="auto",
+                    help="vLLM's fused Marlin NVFP4 MoE on the same weights (needs vLLM for CUDA): "
+                         "auto = where importable, on = refuse to run without it")
+    ap.add_argument("--sweep", action=argparse.BooleanOptionalAction, default=True,
+                    help="also time every decode tile candidate and the Triton path (--no-sweep: picked only)")
     return ap
 
 
@@ -57,8 +67,16 @@ def main(argv: list[str] | None = None) -> int:
     w13t, w2t = dequant_all(w13).transpose(1, 2), dequant_all(w2).transpose(1, 2)
     per_expert_bytes = sum((t.data[0].numel() + t.scale[0].numel()) for t in (w13, w2))
     print(f"{a.shape} {hidden}x{inter}, {e} experts, top-{k}, seed={seed}, {torch.cuda.get_device_name()}")
-    cands = [c for c in tw.DECODE_CANDIDATES if c[0].fits(hidden, inter)]
-    summary = []
+    cands = [c for c in tw.DECODE_CANDIDATES if c[0].fits(hidden, inter)] if a.sweep else []
+    marlin = None
+    if a.marlin != "off":
+        ok, why = marlin_moe.available()
+        if not ok and a.marlin == "on":
+            print(f"moe_few_tokens: --marlin on, but {why}")
+            return 2
+        marlin = marlin_moe.prepare(w13, w2) if ok else None
+        print(f"marlin column: {why if ok else 'left out: ' + why}")
+    summary, bad = [], []
     for kind in a.routing.split(","):
         for tokens in (int(t) for t in a.tokens.split(",")):
             ids = routing(tokens, e, k, kind, gen, dev)
@@ -75,10 +93,18 @@ def main(argv: list[str] | None = None) -> int:
                 return tw.nvfp4_moe_forward_triton(x, w13, w2, wts, ids, swiglu_limit=10.0, config=cfg, mode="w4a16")
 
             heur = tw.pick_tiles(tokens * k / e, hidden, inter, tw.decode_available(dev))
+            # fresh random inputs every run: the picked tiles (and Marlin) against the fp32 twin
+            ref = nvfp4_moe_forward(x.float(), w13, w2, wts, ids, swiglu_limit=10.0)
+            err = _rel_err(tw.nvfp4_moe_forward_triton(x, w13, w2, wts, ids, swiglu_limit=10.0, config=heur,
+                                                       mode="w4a16", poison=True), ref)
             t_heur = _time_ms(lambda: ours(heur), True)
+            t_marlin = err_marlin = None
+            if marlin is not None:
+                err_marlin = _rel_err(marlin_moe.forward(marlin, x, wts, ids, swiglu_limit=10.0), ref)
+                t_marlin = _time_ms(lambda: marlin_moe.forward(marlin, x, wts, ids, swiglu_limit=10.0), True)
             t_bf16 = _time_ms(lambda: _bf16_pipeline(x_sorted, w13t, w2t, offs, 10.0), True)
             best, t_best = heur, t_heur
-            for cand in cands + [tw.pick_config(tokens * k / e)]:
+            for cand in cands + ([tw.pick_config(tokens * k / e)] if a.sweep else []):
                 if cand == heur:
                     continue
                 try:
@@ -89,15 +115,33 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {kind:7s} T={tokens:3d} active={active:3d} {_short(cand):60s} {t * 1e3:8.1f} us")
                 if t < t_best:
                     best, t_best = cand, t
-            row = (kind, tokens, active, t_heur * 1e3, nbytes / t_heur / 1e9, t_best * 1e3, _short(best),
-                   t_bf16 * 1e3, t_bf16 / t_heur)
+            marlin_cells = ("", "", "") if t_marlin is None else (
+                f"{t_marlin * 1e3:.1f}", f"{t_marlin / t_heur:.2f}x", f"{err_marlin:.1e}")
+            row = (kind, tokens, tokens * k / e, active, t_heur * 1e3, nbytes / t_heur / 1e9, f"{err:.1e}",
+                   t_best * 1e3, _short(best), t_bf16 * 1e3, t_bf16 / t_heur, *marlin_cells)
             summary.append(row)
-            print(f"  {kind:7s} T={tokens:3d} active={active:3d} picked {_short(heur)}: {t_heur * 1e3:.1f} us")
-    print("\n| routing | tokens | active experts | picked us | picked TB/s | best us | best tile | bf16 us | picked vs bf16 |")
-    print("|---|---|---|---|---|---|---|---|---|")
+            print(f"  {kind:7s} T={tokens:3d} active={active:3d} picked {_short(heur)}: {t_heur * 1e3:.1f} us, "
+                  f"rel err {err:.2e}" + ("" if t_marlin is None else
+                                         f"; marlin {t_marlin * 1e3:.1f} us, rel err {err_marlin:.2e}"))
+            if err > 1e-2 or (err_marlin is not None and err_marlin > 1e-2):
+                marlin_err = "not run" if err_marlin is None else f"{err_marlin:.2e}"
+                bad.append(f"{kind} T={tokens}: rel err ours {err:.2e}, marlin {marlin_err}")
+    print("\n| routing | tokens | rows/expert | active experts | picked us | picked TB/s | picked rel err | best us "
+          "| best tile | bf16 us | picked vs bf16 | marlin us | picked vs marlin | marlin rel err |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in summary:
-        print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]:.1f} | {r[4]:.2f} | {r[5]:.1f} | {r[6]} | {r[7]:.1f} | {r[8]:.2f}x |")
+        print(f"| {r[0]} | {r[1]} | {r[2]:.1f} | {r[3]} | {r[4]:.1f} | {r[5]:.2f} | {r[6]} | {r[7]:.1f} | {r[8]} "
+              f"| {r[9]:.1f} | {r[10]:.2f}x | {r[11]} | {r[12]} | {r[13]} |")
+    if bad:  # a speed figure of a wrong result is no figure
+        print("moe_few_tokens: relative error above 1e-2 against the fp32 twin:\n  " + "\n  ".join(bad))
+        return 1
     return 0
+
+
+def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    if not torch.isfinite(out).all():
+        return float("inf")
+    return ((out.float() - ref).norm() / ref.norm()).item()
 
 
 if __name__ == "__main__":

@@ -26,3 +26,21 @@ def test_routing_distinct_per_token_and_zipf_is_skewed():
 def test_no_gpu_is_said_and_nothing_runs(capsys):
     assert mf.main(["--tokens", "1"]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().out
+
+
+def test_rel_err_names_non_finite_outputs_and_measures():
+    g = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+    ref = torch.randn(8, 64, generator=g)
+    assert mf._rel_err(ref.clone(), ref) == 0.0
+    assert abs(mf._rel_err(ref * 1.01, ref) - 0.01) < 1e-5
+    poisoned = ref.clone()
+    poisoned[3, 7] = float("nan")
+    assert mf._rel_err(poisoned, ref) == float("inf")
+
+
+def test_marlin_and_sweep_flags_parse():
+    a = mf.parser().parse_args(["--marlin", "on", "--no-sweep"])
+    assert a.marlin == "on" and a.sweep is False
+    assert mf.parser().parse_args([]).marlin == "auto" and mf.parser().parse_args([]).sweep is True
+    with pytest.raises(SystemExit):
+        mf.parser().parse_args(["--marlin", "maybe"])

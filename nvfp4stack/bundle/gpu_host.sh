@@ -2,6 +2,7 @@
 # On an offline GPU host, from the repository root (README "Running on an offline GPU host"):
 #   bash nvfp4stack/bundle/gpu_host.sh stage CHUNK_DIR...   copy carried chunk folders into $BUNDLE
 #   bash nvfp4stack/bundle/gpu_host.sh install              verify every chunk, install into $SITE
+#   bash nvfp4stack/bundle/gpu_host.sh pythonpath           the PYTHONPATH that sees $SITE (its .pth files too)
 #   bash nvfp4stack/bundle/gpu_host.sh serve-check RECIPE CKPT BF16 [overrides...]
 #       `python main.py recipe=RECIPE model.path=CKPT serve` in the background; once ready, the openai
 #       client checks and the logprob deltas against the reference (nvfp4stack.engine.openai_check);
@@ -12,6 +13,15 @@ BUNDLE=${BUNDLE:-/tmp/nvfp4stack-bundle}
 SITE=${SITE:-/tmp/site}
 OUT=${OUT:-/tmp/nvfp4stack-out}
 mkdir -p "$OUT"
+
+# $SITE and what its .pth files add to sys.path: pip --target does not run them, and
+# nvidia-cutlass-dsl (vLLM's DeepSeek-V4 compressor) puts its `cutlass` package on the path that way.
+site_path() {
+    local p
+    p=$(python3 -c 'import site, sys; before = set(sys.path); site.addsitedir(sys.argv[1]); print(":".join(p for p in sys.path if p not in before))' "$SITE") \
+        && [ -n "$p" ] || { echo "gpu_host.sh: could not read the site directory SITE=$SITE (expected the --target of install)" >&2; return 1; }
+    echo "$p"
+}
 
 case "${1:-}" in
 stage)
@@ -24,12 +34,17 @@ install)
     bash install.sh --offline "$BUNDLE" --target "$SITE"
     # the project itself, so vLLM finds its `vllm.general_plugins` entry point in every process
     python3 -m pip install -q --no-deps --no-build-isolation --no-index --target "$SITE" --upgrade .
-    PYTHONPATH="$SITE" python3 -c "import vllm, openai, hydra; print('vllm', vllm.__version__, '| openai', openai.__version__)"
+    sp=$(site_path)
+    PYTHONPATH="$sp" python3 -c "import vllm, openai, hydra; print('vllm', vllm.__version__, '| openai', openai.__version__)"
+    ;;
+pythonpath)
+    site_path
     ;;
 serve-check)
     recipe=$2 ckpt=$3 bf16=$4
     shift 4
-    export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+    sp=$(site_path)
+    export PYTHONPATH="$sp:$PWD${PYTHONPATH:+:$PYTHONPATH}"
     if [ -n "${NVFP4STACK_FAULTHANDLER_S:-}" ]; then
         mkdir -p /tmp/nvfp4stack-fh
         cat > /tmp/nvfp4stack-fh/sitecustomize.py <<'PY'
@@ -67,7 +82,7 @@ PY
     exit $rc
     ;;
 *)
-    echo "usage: $0 stage DIR... | install | serve-check RECIPE CKPT BF16 [overrides...]" >&2
+    echo "usage: $0 stage DIR... | install | pythonpath | serve-check RECIPE CKPT BF16 [overrides...]" >&2
     exit 2
     ;;
 esac

@@ -4,7 +4,8 @@ teacher-forced prompt logprobs with the transformers reference forward of the sa
 ``python -m nvfp4stack.engine.openai_check --base-url URL --bf16 DIR --nvfp4 DIR [--json OUT]``:
 models, completion, chat, streaming (equal to the non-streamed text), 32 concurrent requests, then
 per prompt the |delta logprob| of every prompt token between vLLM (``prompt_logprobs``) and
-``tiny_v3.reference_model`` (fp32, W4A16: bf16 activations served, so the tolerance is bf16's).
+``eval.served_reference.reference_for`` (transformers' forward of the weights the served checkpoint
+stores, fp32; W4A16: bf16 activations served, so the tolerance is bf16's).
 Used on the GPU host, where no pytest suite runs; prints one JSON object.
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ import time
 
 PROMPTS = ["The function returns", "Return the number of", "This module provides", "If the argument is",
            "The default value of", "Raise an exception when"]
+LONG_PROMPT_TOKENS = 600  # within the GPU recipes' max_model_len (1024)
 
 
 def client_checks(client, model: str) -> dict:
@@ -45,14 +47,16 @@ def logprob_deltas(client, model: str, bf16_dir: str, nvfp4_dir: str) -> dict:
     import torch
     from transformers import AutoTokenizer
 
-    from nvfp4stack.models.tiny_v3 import reference_model
+    from nvfp4stack.eval.served_reference import reference_for
 
     tok = AutoTokenizer.from_pretrained(bf16_dir)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    ref = reference_model(bf16_dir, nvfp4_dir, w4a4=False).to(dev)
+    ref = reference_for(bf16_dir, nvfp4_dir).to(dev)
     per_prompt = []
-    for p in PROMPTS:
-        ids = tok(p)["input_ids"]
+    # the short prompts, then one of LONG_PROMPT_TOKENS: past DeepSeek-V4's 128-token window and
+    # index top-k, so the sliding window, the indexer's selection and the compressors take part
+    long_ids = tok(" ".join(PROMPTS * 64))["input_ids"][:LONG_PROMPT_TOKENS]
+    for p, ids in [(p, tok(p)["input_ids"]) for p in PROMPTS] + [(f"<{len(long_ids)} tokens>", long_ids)]:
         with torch.no_grad():
             logits = ref(torch.tensor([ids], device=dev)).logits[0].float()
         ref_lp = torch.log_softmax(logits, -1)[:-1].gather(1, torch.tensor(ids[1:], device=dev)[:, None])[:, 0]

@@ -10,8 +10,9 @@
 - ``tokenizer/`` the locally trained tokenizer (also copied into each layout).
 
 Shapes keep what vLLM asserts (head_dim 512, qk_rope 64, index_head_dim 128, o_lora_rank % 128 == 0)
-and shrink the rest. Weights are heavy-tailed (Student-t) with a few outlier input channels per
-matrix and an init scale large enough that attention is far from uniform.
+and shrink the rest; RoPE is the release's (``rope_theta``, ``compress_rope_theta`` and the YaRN
+``rope_scaling`` of ``RELEASE_ROPE_SCALING``). Weights are heavy-tailed (Student-t) with a few
+outlier input channels per matrix and an init scale large enough that attention is far from uniform.
 
 Routed experts are FP4-QAT-faithful: DeepSeek-V4 trains its experts quantization-aware in FP4 and
 serves the released MXFP4 values as they are, so V4's BF16 expert weights lie on the MXFP4 grid
@@ -19,6 +20,7 @@ serves the released MXFP4 values as they are, so V4's BF16 expert weights lie on
 """
 from __future__ import annotations
 
+import copy
 import json
 import math
 import shutil
@@ -30,7 +32,7 @@ import torch
 
 from nvfp4stack.models.dsv4_spec import TensorGroup, dsv4_tensor_groups
 
-SPEC_VERSION = 3  # bump when the recipe below changes: it is part of the cache key
+SPEC_VERSION = 6  # bump when the recipe below changes: it is part of the cache key (4: YaRN rope, 5: window and index top-k 128, 6: 16 indexer heads)
 LAYOUTS = ("bf16", "release", "hf")
 
 # Roles stored as FP8 E4M3 + UE8M0 128x128 in the release (vLLM builds these with the FP8 config;
@@ -39,6 +41,14 @@ RELEASE_FP8_ROLES = frozenset(
     {"attn.wq_a", "attn.wq_b", "attn.wkv", "attn.wo_a", "attn.wo_b", "shared_experts",
      "indexer.wq_b", "mtp.proj"})
 RELEASE_MXFP4_ROLES = frozenset({"routed_experts"})
+
+# rope_scaling as the released DeepSeek-V4-Flash config.json ships it (keys and values). vLLM 0.26
+# builds V4's rotary cache in fp32, which its fused_inv_rope_fp8_quant asserts, only when rope_type is
+# not "default" (its DeepSeek YaRN path). transformers (the reference) and DeepSeek's own inference
+# code apply YaRN to the compressed (CSA/HCA) layers only; vLLM 0.26 applies it to the window-only
+# layers too (vLLM 0.32 no longer does).
+RELEASE_ROPE_SCALING = {"beta_fast": 32, "beta_slow": 1, "factor": 16,
+                        "original_max_position_embeddings": 65536, "type": "yarn"}
 
 TINY_DSV4_ARCH = dict(
     hidden_size=256,
@@ -54,10 +64,12 @@ TINY_DSV4_ARCH = dict(
     n_routed_experts=16,
     n_shared_experts=1,
     num_experts_per_tok=6,
-    index_n_heads=4,
+    index_n_heads=16,             # DeepGEMM's paged MQA logits (vLLM's V4 indexer) take 16, 32 or 64
     index_head_dim=128,           # vLLM asserts 128
-    index_topk=8,
-    sliding_window=16,
+    # FlashMLA's sparse decode (vLLM's V4 attention on sm90/sm100) walks the window and the indexer's
+    # picks in blocks of 64 or 128 (it asserts topk % TOPK_BLOCK_SIZE == 0): the release's window, 128
+    index_topk=128,
+    sliding_window=128,
     compress_ratios=[0, 4, 128, 4],  # window-only, CSA (indexer), HCA, CSA
     num_hash_layers=1,               # layer 0 hash-routed, layers 1-3 noaux_tc
     hc_mult=4,
@@ -72,7 +84,9 @@ TINY_DSV4_ARCH = dict(
     rms_norm_eps=1e-6,
     rope_theta=10000.0,
     compress_rope_theta=160000.0,
-    max_position_embeddings=4096,
+    rope_scaling=RELEASE_ROPE_SCALING,
+    # the release's 1048576 = YaRN factor x original length (transformers warns when they disagree)
+    max_position_embeddings=16 * 65536,
     hidden_act="silu",
     tie_word_embeddings=False,
 )
@@ -83,7 +97,7 @@ _RATIO_TO_LAYER_TYPE = {0: "sliding_attention", 4: "compressed_sparse_attention"
 
 def tiny_dsv4_config(vocab_size: int, bos_token_id: int, eos_token_id: int, pad_token_id: int) -> dict:
     """config.json of layout (a): legacy fields (vLLM) and their transformers equivalents, both."""
-    a = TINY_DSV4_ARCH
+    a = copy.deepcopy(TINY_DSV4_ARCH)  # nested values (rope_scaling, compress_ratios) stay the module's own
     n = a["num_hidden_layers"]
     return {
         "architectures": ["DeepseekV4ForCausalLM"],

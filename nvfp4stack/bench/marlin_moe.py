@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import torch
 
 from nvfp4stack.formats.nvfp4 import Nvfp4Tensor
+from nvfp4stack.kernels.moe.triton_w4a16 import _global_scale_per_expert  # [E] fp32, checked
 
 
 def available() -> tuple[bool, str]:
@@ -51,10 +52,6 @@ class MarlinExperts:
     workspace: torch.Tensor
 
 
-def _global(t: Nvfp4Tensor, experts: int) -> torch.Tensor:
-    return t.global_scale.to(torch.float32).reshape(-1).expand(experts).contiguous()
-
-
 def prepare(w13: Nvfp4Tensor, w2: Nvfp4Tensor) -> MarlinExperts:
     """w13 [E, 2I, H] (gate rows then up rows) and w2 [E, H, I] as vLLM's Marlin backend loads them."""
     experts, two_i, hidden = w13.shape
@@ -67,9 +64,11 @@ def prepare(w13: Nvfp4Tensor, w2: Nvfp4Tensor) -> MarlinExperts:
     layer = SimpleNamespace(num_experts=experts, hidden_size=hidden, intermediate_size_per_partition=two_i // 2,
                             params_dtype=torch.bfloat16)
     out = prepare_nvfp4_moe_layer_for_marlin(
-        layer, w13=w13.data.contiguous(), w13_scale=w13.scale.contiguous(), w13_scale_2=_global(w13, experts),
-        w2=w2.data.contiguous(), w2_scale=w2.scale.contiguous(), w2_scale_2=_global(w2, experts),
-        is_act_and_mul=True,
+        layer, is_act_and_mul=True,
+        w13=w13.data.contiguous(), w13_scale=w13.scale.contiguous(),
+        w13_scale_2=_global_scale_per_expert(w13, experts, "w13"),
+        w2=w2.data.contiguous(), w2_scale=w2.scale.contiguous(),
+        w2_scale_2=_global_scale_per_expert(w2, experts, "w2"),
     )
     return MarlinExperts(*out, workspace=layer.workspace)
 

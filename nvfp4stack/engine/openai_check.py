@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
+import math
 import statistics
 import time
 
@@ -43,30 +44,63 @@ def client_checks(client, model: str) -> dict:
     return out
 
 
+PREFIX_LENGTHS = (3, 4, 8, 16, 32, 64, 127, 128, 129, 256, LONG_PROMPT_TOKENS)
+
+
+def _served_prompt_logprobs(client, model: str, ids: list[int]) -> list[float]:
+    r = client.completions.create(model=model, prompt=ids, max_tokens=1, temperature=0,
+                                  extra_body={"prompt_logprobs": 0})
+    return [entry[str(t)]["logprob"] for entry, t in zip(r.choices[0].prompt_logprobs[1:], ids[1:])]
+
+
+def _reference_logprobs(ref, ids: list[int]) -> tuple[list[float], int]:
+    """Teacher-forced logprob of every token after the first, and the vocabulary size."""
+    import torch
+
+    dev = next(ref.parameters()).device
+    with torch.no_grad():
+        logits = ref(torch.tensor([ids], device=dev)).logits[0].float()
+    lp = torch.log_softmax(logits, -1)[:-1].gather(1, torch.tensor(ids[1:], device=dev)[:, None])[:, 0]
+    return lp.tolist(), logits.shape[-1]
+
+
+def _row(got: list[float], want: list[float], vocab: int) -> dict:
+    d = [abs(a - b) for a, b in zip(got, want)]
+    # a logprob of exactly -ln(vocab) is a flat distribution: the server's logits were all equal there
+    flat = sum(abs(a + math.log(vocab)) < 1e-3 for a in got)
+    return {"tokens": len(d), "max_abs": max(d), "mean_abs": statistics.mean(d), "flat_positions": flat}
+
+
 def logprob_deltas(client, model: str, bf16_dir: str, nvfp4_dir: str) -> dict:
+    """Per prompt, and per prefix length of the long prompt, |served - reference| prompt logprobs.
+
+    A causal reference scores a prefix's tokens as the whole prompt does, so one reference forward
+    of the long prompt covers every prefix length (``by_length``): a server that is right on long
+    prompts and wrong on short ones shows it there.
+    """
     import torch
     from transformers import AutoTokenizer
 
     from nvfp4stack.eval.served_reference import reference_for
 
     tok = AutoTokenizer.from_pretrained(bf16_dir)
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    ref = reference_for(bf16_dir, nvfp4_dir).to(dev)
-    per_prompt = []
+    ref = reference_for(bf16_dir, nvfp4_dir).to("cuda" if torch.cuda.is_available() else "cpu")
     # the short prompts, then one of LONG_PROMPT_TOKENS: past DeepSeek-V4's 128-token window and
     # index top-k, so the sliding window, the indexer's selection and the compressors take part
     long_ids = tok(" ".join(PROMPTS * 64))["input_ids"][:LONG_PROMPT_TOKENS]
+    per_prompt = []
     for p, ids in [(p, tok(p)["input_ids"]) for p in PROMPTS] + [(f"<{len(long_ids)} tokens>", long_ids)]:
-        with torch.no_grad():
-            logits = ref(torch.tensor([ids], device=dev)).logits[0].float()
-        ref_lp = torch.log_softmax(logits, -1)[:-1].gather(1, torch.tensor(ids[1:], device=dev)[:, None])[:, 0]
-        r = client.completions.create(model=model, prompt=ids, max_tokens=1, temperature=0,
-                                      extra_body={"prompt_logprobs": 0})
-        got = [entry[str(t)]["logprob"] for entry, t in zip(r.choices[0].prompt_logprobs[1:], ids[1:])]
-        d = [abs(a - b) for a, b in zip(got, ref_lp.tolist())]
-        per_prompt.append({"prompt": p, "tokens": len(d), "max_abs": max(d), "mean_abs": statistics.mean(d)})
+        want, vocab = _reference_logprobs(ref, ids)
+        got = _served_prompt_logprobs(client, model, ids)
+        # per-token values too, so a mismatch can be traced to positions offline (--json)
+        per_prompt.append({"prompt": p, **_row(got, want, vocab), "ids": ids,
+                           "served": [round(x, 4) for x in got], "reference": [round(x, 4) for x in want]})
+    long_want = per_prompt[-1]["reference"]
+    by_length = [{"length": n, **_row(_served_prompt_logprobs(client, model, long_ids[:n]), long_want[:n - 1], vocab)}
+                 for n in PREFIX_LENGTHS if 2 <= n <= len(long_ids)]
     all_max = [x["max_abs"] for x in per_prompt]
-    return {"per_prompt": per_prompt, "max_abs": max(all_max), "median_of_max": statistics.median(all_max)}
+    return {"per_prompt": per_prompt, "max_abs": max(all_max), "median_of_max": statistics.median(all_max),
+            "by_length": by_length}
 
 
 def throughput(client, model: str, batches: list[int], max_tokens: int = 64) -> list[dict]:
@@ -106,10 +140,15 @@ def main(argv=None) -> int:
         res["logprobs"] = logprob_deltas(client, model, args.bf16, args.nvfp4)
     if args.throughput:
         res["throughput"] = throughput(client, model, [int(b) for b in args.throughput.split(",")])
-    text = json.dumps(res, indent=1)
-    print(text)
     if args.json:
-        open(args.json, "w").write(text)
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+    # stdout: the summary, without the per-token lists (those are in --json)
+    brief = json.loads(json.dumps(res))
+    for row in brief.get("logprobs", {}).get("per_prompt", []):
+        for key in ("ids", "served", "reference"):
+            row.pop(key, None)
+    print(json.dumps(brief, indent=1))
     return 0
 
 

@@ -72,21 +72,24 @@ def test_reference_carries_the_served_weights(served):
 class _FakeClient:
     """An OpenAI-client stand-in whose prompt_logprobs come from a model (plus an offset on one token)."""
 
-    def __init__(self, model, offset: float = 0.0):
-        self.model, self.offset = model, offset
+    def __init__(self, model, offset: float = 0.0, flat_below: int = 0):
+        self.model, self.offset, self.flat_below = model, offset, flat_below
         self.completions = SimpleNamespace(create=self._create)
 
     def _create(self, model, prompt, max_tokens, temperature, extra_body):
         assert extra_body == {"prompt_logprobs": 0} and max_tokens == 1 and temperature == 0
         with torch.no_grad():
-            lp = torch.log_softmax(self.model(torch.tensor([prompt])).logits[0].float(), -1)
+            logits = self.model(torch.tensor([prompt])).logits[0].float()
+        if len(prompt) < self.flat_below:  # a server whose logits are all equal on short prompts
+            logits = torch.zeros_like(logits)
+        lp = torch.log_softmax(logits, -1)
         entries = [None] + [{str(t): {"logprob": lp[i, t].item() + (self.offset if i == 0 else 0.0)}}
                             for i, t in enumerate(prompt[1:])]
         return SimpleNamespace(choices=[SimpleNamespace(prompt_logprobs=entries)])
 
 
 def test_logprob_deltas_use_the_served_reference(served):
-    from nvfp4stack.engine.openai_check import LONG_PROMPT_TOKENS, PROMPTS, logprob_deltas
+    from nvfp4stack.engine.openai_check import LONG_PROMPT_TOKENS, PREFIX_LENGTHS, PROMPTS, logprob_deltas
     from nvfp4stack.models.reference import load_reference
 
     bf16_dir, cast = served
@@ -94,6 +97,14 @@ def test_logprob_deltas_use_the_served_reference(served):
     same = logprob_deltas(_FakeClient(ref), "tiny-dsv4", str(bf16_dir), str(cast))
     assert len(same["per_prompt"]) == len(PROMPTS) + 1 and same["max_abs"] < 1e-4
     assert same["per_prompt"][-1]["tokens"] == LONG_PROMPT_TOKENS - 1  # past the 128-token window
+    assert [r["length"] for r in same["by_length"]] == list(PREFIX_LENGTHS)
+    assert all(r["max_abs"] < 1e-4 and r["flat_positions"] == 0 for r in same["by_length"])
+    assert len(same["per_prompt"][0]["served"]) == len(same["per_prompt"][0]["ids"]) - 1
+    short = logprob_deltas(_FakeClient(ref, flat_below=100), "tiny-dsv4", str(bf16_dir), str(cast))
+    by_len = {r["length"]: r for r in short["by_length"]}
+    assert by_len[64]["flat_positions"] == 63 and by_len[64]["max_abs"] > 0.1
+    assert by_len[128]["flat_positions"] == 0 and by_len[128]["max_abs"] < 1e-4
+    assert all(r["flat_positions"] == r["tokens"] for r in short["per_prompt"][:-1])
     off = logprob_deltas(_FakeClient(ref, offset=0.5), "tiny-dsv4", str(bf16_dir), str(cast))
     assert 0.49 < off["max_abs"] < 0.51
     # a server on other weights (the BF16 ones, not the served FP8/NVFP4 bytes) shows up

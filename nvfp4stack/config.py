@@ -14,8 +14,9 @@ from nvfp4stack.eval.config import EvalConfig
 from nvfp4stack.plan.rules import PrecisionRule
 from nvfp4stack.quantize.config import QuantizeConfig
 from nvfp4stack.schemes import Scheme
+from nvfp4stack.train.config import TrainConfig
 
-COMMANDS = ("plan", "quantize", "convert", "serve", "eval", "bench", "doctor")
+COMMANDS = ("plan", "quantize", "convert", "serve", "eval", "bench", "doctor", "train")
 SOURCE_FORMATS = ("bf16", "official", "modelopt")
 FAMILIES = ("deepseek_v4", "deepseek_v3")
 
@@ -145,6 +146,7 @@ class RootConfig:
     convert: ConvertConfig = field(default_factory=ConvertConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     bench: BenchConfig = field(default_factory=BenchConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
     checkpoint: str | None = None       # a checkpoint to inspect (doctor) or to start from
     run_dir: str = "outputs/run"
     cache_dir: str = "~/.cache/nvfp4stack"
@@ -156,7 +158,7 @@ class RootConfig:
 GROUPS: dict[str, type] = {
     "model": ModelConfig, "arch": ArchConfig, "precision": PrecisionConfig,
     "backend": BackendConfig, "engine": EngineConfig, "quantize": QuantizeConfig,
-    "convert": ConvertConfig, "eval": EvalConfig, "bench": BenchConfig,
+    "convert": ConvertConfig, "eval": EvalConfig, "bench": BenchConfig, "train": TrainConfig,
 }
 
 

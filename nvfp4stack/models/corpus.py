@@ -67,3 +67,67 @@ def calibration_texts(n: int, seed: int = 0) -> list[str]:
 def corpus_size() -> int:
     """How many distinct texts the pool holds."""
     return len(_all_docstrings())
+
+
+_PARAGRAPH_CHARS = 400  # topic paragraphs are merged up to this size: one held-out unit each
+
+
+@lru_cache(maxsize=1)
+def _reference_manual() -> tuple[str, ...]:
+    """The Python reference manual's topics (``pydoc_data.topics``, what ``help('assert')`` prints),
+    cut into runs of paragraphs so a held-out split can take some of each topic."""
+    try:
+        from pydoc_data.topics import topics
+    except ImportError:  # a trimmed Python build may lack pydoc_data; the docstrings still suffice
+        return ()
+    out: list[str] = []
+    for name in sorted(topics):
+        run = ""
+        for para in topics[name].split("\n\n"):
+            run = f"{run}\n\n{para}" if run else para
+            if len(run) >= _PARAGRAPH_CHARS:
+                out.append(run.strip())
+                run = ""
+        if run.strip():
+            out.append(run.strip())
+    return tuple(out)
+
+
+@lru_cache(maxsize=1)
+def _pristine_docstrings() -> tuple[str, ...]:
+    """The docstrings as a fresh interpreter sees them: libraries imported into this process patch
+    stdlib objects (transformers replaces ``logging.Logger.warning_advice``'s neighbours, others
+    ``typing`` helpers), which would make the training data, and so the weights, depend on import order."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); "
+            "from nvfp4stack.models.corpus import _all_docstrings; json.dump(list(_all_docstrings()), sys.stdout)")
+    root = str(Path(__file__).resolve().parents[2])
+    out = subprocess.run([sys.executable, "-I", "-c", code, root], capture_output=True, text=True, check=True)
+    return tuple(json.loads(out.stdout))
+
+
+@lru_cache(maxsize=1)
+def training_texts() -> tuple[str, ...]:
+    """The training corpus of the tiny models: the docstrings above plus the reference manual's topics,
+    each distinct text once.
+
+    Both ship with the interpreter (PSF license); nothing is downloaded. ``calibration_texts`` keeps
+    to the docstrings, so calibration and eval prompts do not move when this corpus grows.
+    """
+    return tuple(dict.fromkeys(_pristine_docstrings() + _reference_manual()))
+
+
+def normalize_word(word: str) -> str:
+    """A whitespace-split word reduced to what "is this a corpus word" should compare: lower case,
+    outer punctuation and quotes stripped (``"Return`` and ``return,`` are both ``return``)."""
+    return word.strip(".,;:!?()[]{}<>\"'`*-_=|#").lower()
+
+
+@lru_cache(maxsize=1)
+def corpus_words() -> frozenset[str]:
+    """Every normalized word of :func:`training_texts` (the vocabulary a trained tiny model speaks)."""
+    return frozenset(w for text in training_texts() for w in map(normalize_word, text.split()) if w)

@@ -6,21 +6,35 @@ from pathlib import Path
 DESCRIPTORS = Path(__file__).resolve().parent / "descriptors"
 
 
-def _tiny_dsv4(cache: Path, source_format: str) -> Path:
+def _tiny_dsv4(cache: Path, source_format: str, trained: bool = False) -> Path:
     from nvfp4stack.models.tiny_dsv4 import build_tiny_dsv4, layout_dir
 
-    root = build_tiny_dsv4(cache / "models")
+    if trained:
+        from nvfp4stack.train.config import TrainConfig
+        from nvfp4stack.train.models import train_tiny_dsv4
+
+        root = train_tiny_dsv4(cache / "models", TrainConfig())
+    else:
+        root = build_tiny_dsv4(cache / "models")
     return layout_dir(root, "release" if source_format == "official" else "bf16")
 
 
-def _tiny_v3(cache: Path, source_format: str) -> Path:
+def _tiny_v3(cache: Path, source_format: str, trained: bool = True) -> Path:
     from nvfp4stack.models.tiny_v3 import ensure_tiny_v3
 
-    return ensure_tiny_v3(cache / "tiny_v3")
+    return ensure_tiny_v3(cache / "tiny_v3", trained=trained)
 
 
-# factory name -> builder(cache root, source_format) -> checkpoint dir (built once, then cached)
-FACTORIES = {"tiny_dsv4": _tiny_dsv4, "tiny_v3": _tiny_v3}
+# factory name -> builder(cache root, source_format) -> checkpoint dir (built once, then cached).
+# tiny_v3 (what `serve` runs) is trained on the stdlib corpus on first use (the default budget of
+# conf/train/default.yaml); *_random are the seeded random weights, for shapes and loaders. tiny_dsv4
+# stays random (most tests build on it); tiny_dsv4_trained is the same model trained.
+FACTORIES = {
+    "tiny_dsv4": _tiny_dsv4,
+    "tiny_dsv4_trained": lambda cache, fmt: _tiny_dsv4(cache, fmt, trained=True),
+    "tiny_v3": _tiny_v3,
+    "tiny_v3_random": lambda cache, fmt: _tiny_v3(cache, fmt, trained=False),
+}
 
 
 def cache_root(cache_dir: str) -> Path:

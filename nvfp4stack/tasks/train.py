@@ -1,0 +1,49 @@
+"""``train``: train the recipe's tiny model on the stdlib corpus (cached like the factories' builds).
+
+recipe tiny_cpu (model tiny_v3): the embedded default that ``serve`` runs; with conf/train's defaults
+this is the very cache entry ``serve`` uses. recipe=tiny_dsv4: the tiny DeepSeek-V4, which the
+``tiny_dsv4_trained`` factory serves to ``eval`` (``model.factory=tiny_dsv4_trained``).
+Writes the training manifest into the run directory too.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+TRAINABLE = ("tiny_v3", "tiny_v3_random", "tiny_dsv4", "tiny_dsv4_trained")
+
+
+def trained_dir(cfg) -> Path:
+    """Train (or find in the cache) the model of ``cfg.model.factory``; returns the dir with its manifest."""
+    from nvfp4stack.models.resolve import cache_root
+
+    factory = cfg.model.factory
+    if cfg.model.path or factory not in TRAINABLE:
+        raise ValueError(f"train: model.factory={factory!r}"
+                         f"{' with model.path set' if cfg.model.path else ''}: expected one of the tiny "
+                         f"factories ({', '.join(TRAINABLE)}) and no model.path; use the default recipe "
+                         "(tiny_v3) or recipe=tiny_dsv4")
+    cache = cache_root(cfg.cache_dir)
+    if factory.startswith("tiny_v3"):
+        from nvfp4stack.models.tiny_v3 import ensure_tiny_v3
+
+        return ensure_tiny_v3(cache / "tiny_v3", trained=True, train=cfg.train)
+    from nvfp4stack.train.models import train_tiny_dsv4
+
+    return train_tiny_dsv4(cache / "models", cfg.train)
+
+
+def run(cfg) -> int:
+    from nvfp4stack.train.models import MANIFEST, print_summary, read_manifest
+
+    out = trained_dir(cfg)
+    manifest = read_manifest(out)
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(out / MANIFEST, run_dir / MANIFEST)
+    print_summary(manifest["model"], manifest)
+    print(f"train: {out} (manifest: {run_dir / MANIFEST})")
+    print(json.dumps({k: manifest[k] for k in ("seed", "steps", "tokens_seen", "final_train_loss",
+                                               "heldout_ppl_bf16_weights", "uniform_ppl", "wall_s")}))
+    return 0

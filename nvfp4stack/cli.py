@@ -263,12 +263,16 @@ class _Tee:
     def __init__(self, stream, log):
         self.stream, self.log = stream, log
 
+    # A logging handler made during one job of a multirun (vLLM's, when a job imports it) keeps that
+    # job's Tee after its log is closed: later jobs' records still reach the terminal, not that log.
     def write(self, text):
-        self.log.write(text)
+        if not self.log.closed:
+            self.log.write(text)
         return self.stream.write(text)
 
     def flush(self):
-        self.log.flush()
+        if not self.log.closed:
+            self.log.flush()
         self.stream.flush()
 
     def __getattr__(self, name):

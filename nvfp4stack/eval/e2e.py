@@ -13,11 +13,9 @@ from nvfp4stack.models.reference import apply_emulated_precision
 
 
 @torch.no_grad()
-def end_to_end(ref_model, prec: EvalPrecision, batches: list[torch.Tensor], input_amax: dict[str, float]) -> dict:
-    """Both models on the same prompts; NVFP4 (W4A4) inputs use static scales from ``input_amax``."""
-    q_model = copy.deepcopy(ref_model)
-    apply_emulated_precision(q_model, prec.scheme_for, act_fake_quant=True, input_amax=input_amax,
-                             weight_fn=prec.weights.emulate)
+def compare_models(ref_model, q_model, batches: list[torch.Tensor]) -> dict:
+    """Both models on the same prompts: KL(ref || q) per next-token position, top-1 agreement, and
+    each model's perplexity on the prompts' own next tokens."""
     acc: dict[str, float] = {}
     for ids in tqdm(batches, desc="e2e", leave=False):
         ref = ref_model(input_ids=ids, use_cache=False).logits[0, :-1]      # [T-1, V]
@@ -29,3 +27,13 @@ def end_to_end(ref_model, prec: EvalPrecision, batches: list[torch.Tensor], inpu
     return {"positions": int(n), "prompts": len(batches),
             "kl_mean": acc["kl_sum"] / n, "kl_max": acc["kl_max"], "top1_agreement": acc["top1_sum"] / n,
             "ppl_ref": math.exp(acc["nll_ref_sum"] / n), "ppl_quant": math.exp(acc["nll_q_sum"] / n)}
+
+
+@torch.no_grad()
+def end_to_end(ref_model, prec: EvalPrecision, batches: list[torch.Tensor], input_amax: dict[str, float]) -> dict:
+    """DeepSeek-V4: the reference and its emulated copy; NVFP4 (W4A4) inputs use static scales from
+    ``input_amax``."""
+    q_model = copy.deepcopy(ref_model)
+    apply_emulated_precision(q_model, prec.scheme_for, act_fake_quant=True, input_amax=input_amax,
+                             weight_fn=prec.weights.emulate)
+    return compare_models(ref_model, q_model, batches)

@@ -26,9 +26,9 @@ _MODULES = (
 _MIN_CHARS = 80  # shorter docstrings are mostly "Return x." and teach nothing
 
 
-@lru_cache(maxsize=1)
-def _all_docstrings() -> tuple[str, ...]:
-    """Every distinct, cleaned docstring of the modules above, in a stable order."""
+def _collect_docstrings() -> list[str]:
+    """Every distinct, cleaned docstring of the modules above, in a stable order, as this process
+    sees them (see :func:`_all_docstrings` for why the pool is read in a fresh interpreter)."""
     seen: set[str] = set()
     out: list[str] = []
     for mod_name in _MODULES:
@@ -47,7 +47,31 @@ def _all_docstrings() -> tuple[str, ...]:
                 if doc not in seen:
                     seen.add(doc)
                     out.append(doc)
-    return tuple(out)
+    return out
+
+
+@lru_cache(maxsize=1)
+def _all_docstrings() -> tuple[str, ...]:
+    """The docstring pool as a fresh interpreter sees it (``python -I``, stdlib only).
+
+    Libraries imported into this process patch stdlib objects (transformers adds
+    ``logging.Logger.warning_advice``, others ``typing`` helpers), so an in-process walk would make
+    the tokenizer, the calibration texts and the training data, and so the weights, depend on what
+    was imported first. Reading the pool in a clean child makes them a function of the Python build.
+    """
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); "
+            "from nvfp4stack.models.corpus import _collect_docstrings; json.dump(_collect_docstrings(), sys.stdout)")
+    root = str(Path(__file__).resolve().parents[2])
+    p = subprocess.run([sys.executable, "-I", "-c", code, root], capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"corpus: reading the stdlib docstrings in a fresh interpreter ({sys.executable} -I) "
+                           f"failed with exit {p.returncode}: {p.stderr.strip()[-600:]}")
+    return tuple(json.loads(p.stdout))
 
 
 def calibration_texts(n: int, seed: int = 0) -> list[str]:
@@ -94,23 +118,6 @@ def _reference_manual() -> tuple[str, ...]:
 
 
 @lru_cache(maxsize=1)
-def _pristine_docstrings() -> tuple[str, ...]:
-    """The docstrings as a fresh interpreter sees them: libraries imported into this process patch
-    stdlib objects (transformers replaces ``logging.Logger.warning_advice``'s neighbours, others
-    ``typing`` helpers), which would make the training data, and so the weights, depend on import order."""
-    import json
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); "
-            "from nvfp4stack.models.corpus import _all_docstrings; json.dump(list(_all_docstrings()), sys.stdout)")
-    root = str(Path(__file__).resolve().parents[2])
-    out = subprocess.run([sys.executable, "-I", "-c", code, root], capture_output=True, text=True, check=True)
-    return tuple(json.loads(out.stdout))
-
-
-@lru_cache(maxsize=1)
 def training_texts() -> tuple[str, ...]:
     """The training corpus of the tiny models: the docstrings above plus the reference manual's topics,
     each distinct text once.
@@ -118,7 +125,7 @@ def training_texts() -> tuple[str, ...]:
     Both ship with the interpreter (PSF license); nothing is downloaded. ``calibration_texts`` keeps
     to the docstrings, so calibration and eval prompts do not move when this corpus grows.
     """
-    return tuple(dict.fromkeys(_pristine_docstrings() + _reference_manual()))
+    return tuple(dict.fromkeys(_all_docstrings() + _reference_manual()))
 
 
 def normalize_word(word: str) -> str:

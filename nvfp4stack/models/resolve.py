@@ -56,6 +56,20 @@ def model_dir(model, cache_dir: str) -> Path | None:
     return None
 
 
+# Trained factory -> its seeded random twin: the same tensor names, shapes, dtypes and config.json,
+# only the values differ. Planning reads nothing else, so `plan` (and every command's planning step,
+# e.g. `serve engine.dry_run=true` in a scratch cache) never waits for a training run.
+SHAPE_TWIN = {"tiny_v3": "tiny_v3_random", "tiny_dsv4_trained": "tiny_dsv4"}
+
+
+def header_dir(model, cache_dir: str) -> Path | None:
+    """A checkpoint with ``model``'s tensor headers and config.json: :func:`model_dir`, except that a
+    trained factory answers with its random twin (built in seconds) unless ``model.path`` is set."""
+    if model.factory in SHAPE_TWIN and not model.path:
+        return FACTORIES[SHAPE_TWIN[model.factory]](cache_root(cache_dir), model.source_format)
+    return model_dir(model, cache_dir)
+
+
 def config_json_path(model, cache_dir: str) -> Path:
     if model.descriptor and not model.path:
         p = DESCRIPTORS / f"{model.descriptor}.json"
@@ -63,6 +77,6 @@ def config_json_path(model, cache_dir: str) -> Path:
             valid = sorted(x.stem for x in DESCRIPTORS.glob("*.json"))
             raise FileNotFoundError(f"model.descriptor={model.descriptor!r} not found; valid: {', '.join(valid)}")
         return p
-    d = model_dir(model, cache_dir)
+    d = header_dir(model, cache_dir)
     assert d is not None
     return d / "config.json"

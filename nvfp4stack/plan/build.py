@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from nvfp4stack.arch import Arch, resolve
 from nvfp4stack.models.dsv4_spec import dsv4_tensor_groups
-from nvfp4stack.models.resolve import config_json_path, model_dir
+from nvfp4stack.models.resolve import config_json_path, header_dir
 from nvfp4stack.plan.groups import groups_from_checkpoint, load_config_json, source_scheme_dsv4
 from nvfp4stack.plan.memory import Layout
 from nvfp4stack.plan.planner import Plan, build_plan
@@ -14,10 +14,10 @@ def layout_of(engine) -> Layout:
 
 
 def plan_groups(cfg):
-    """(group, stored scheme) pairs: from the checkpoint's headers when there are weights,
-    else (DeepSeek-V4 descriptors) from config.json alone."""
+    """(group, stored scheme) pairs: from the checkpoint's headers when there are weights (a trained
+    factory's random twin: the same headers), else (DeepSeek-V4 descriptors) from config.json alone."""
     hf = load_config_json(config_json_path(cfg.model, cfg.cache_dir))
-    ckpt = model_dir(cfg.model, cfg.cache_dir) if (cfg.model.path or cfg.model.factory) else None
+    ckpt = header_dir(cfg.model, cfg.cache_dir) if (cfg.model.path or cfg.model.factory) else None
     if ckpt is not None and any(ckpt.glob("*.safetensors")):
         return hf, list(groups_from_checkpoint(ckpt, hf.get("num_hidden_layers")))
     if cfg.model.family != "deepseek_v4":

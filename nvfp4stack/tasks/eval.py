@@ -27,9 +27,16 @@ def _fidelity(cfg, seed: int) -> dict:
     from nvfp4stack.eval.precision import bf16_checkpoint_dir, eval_precision
     from nvfp4stack.models.reference import load_reference
 
+    if cfg.model.family == "deepseek_v3" and cfg.eval.level == "e2e":
+        from nvfp4stack.eval.e2e_v3 import tiny_v3_e2e
+
+        precision, e2e = tiny_v3_e2e(cfg, lambda tok: eval_token_ids(tok, cfg.eval.num_prompts, cfg.eval.max_tokens, seed))
+        return {"precision": {k: v for k, v in precision.items() if k != "checkpoint"},
+                "checkpoint": precision["checkpoint"], "e2e": e2e}
     if cfg.model.family != "deepseek_v4":
-        raise ValueError(f"eval.level={cfg.eval.level}: the reference forward is DeepSeek-V4's (model.family="
-                         f"deepseek_v4), found {cfg.model.family!r}; use recipe=tiny_dsv4 or a DSV4 BF16 model.path")
+        raise ValueError(f"eval.level={cfg.eval.level}: this level's reference forward is DeepSeek-V4's (model.family="
+                         f"deepseek_v4), found {cfg.model.family!r}; use recipe=tiny_dsv4 or a DSV4 BF16 model.path "
+                         "(the tiny DeepseekV3 default has eval.level=e2e only)")
     torch.manual_seed(seed)
     ckpt = bf16_checkpoint_dir(cfg)
     prec = eval_precision(cfg, ckpt)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 
 TRAINABLE = ("tiny_v3", "tiny_v3_random", "tiny_dsv4", "tiny_dsv4_trained")
@@ -37,13 +38,16 @@ def trained_dir(cfg) -> Path:
 def run(cfg) -> int:
     from nvfp4stack.train.models import MANIFEST, print_summary, read_manifest
 
+    started = time.time()
     out = trained_dir(cfg)
     manifest = read_manifest(out)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     shutil.copy2(out / MANIFEST, run_dir / MANIFEST)
-    print_summary(manifest["model"], manifest)
-    print(f"train: {out} (manifest: {run_dir / MANIFEST})")
+    cached = (out / MANIFEST).stat().st_mtime < started
+    if cached:  # a fresh run printed its summary as it finished
+        print_summary(manifest["model"], manifest)
+    print(f"train: {'cached, ' if cached else ''}{out} (manifest: {run_dir / MANIFEST})")
     print(json.dumps({k: manifest[k] for k in ("seed", "steps", "tokens_seen", "final_train_loss",
                                                "heldout_ppl_bf16_weights", "uniform_ppl", "wall_s")}))
     return 0

@@ -29,6 +29,21 @@ def _autocast(cfg: TrainConfig):
     return contextlib.nullcontext()
 
 
+@contextlib.contextmanager
+def _deterministic(seed: int):
+    """Seeded RNG and torch's deterministic algorithms for the run; the caller's settings (a test
+    session, the CLI process) are restored afterwards."""
+    enabled, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    rng = torch.get_rng_state()
+    torch.manual_seed(seed)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+        torch.set_rng_state(rng)
+
+
 def _lm_loss(model, ids: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross entropy of ``ids`` [B, T] (transformers shifts the labels)."""
     return model(input_ids=ids, labels=ids, use_cache=False).loss
@@ -67,8 +82,11 @@ def train_loop(model, streams: Streams, cfg: TrainConfig, desc: str,
     """
     if cfg.steps is None:
         raise ValueError("train_loop: cfg.steps is None; call cfg.resolved(model_name) first")
-    torch.manual_seed(cfg.seed)
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    with _deterministic(cfg.seed):
+        return _train(model, streams, cfg, desc, on_step)
+
+
+def _train(model, streams: Streams, cfg: TrainConfig, desc: str, on_step) -> dict:
     gen = torch.Generator().manual_seed(cfg.seed)
     held = heldout_batches(streams.heldout, cfg)
     initial = heldout_loss(model, held, cfg)

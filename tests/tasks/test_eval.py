@@ -59,3 +59,18 @@ def test_non_dsv4_model_is_refused_with_the_key(tmp_path):
     cfg = compose("recipe=tiny_cpu", f"run_dir={tmp_path}")
     with pytest.raises(ValueError, match="model.family"):
         run(cfg)
+
+
+def test_e2e_bf16_against_bf16_is_exact(tmp_path):
+    """The sanity row of the fidelity tables: precision=bf16 against the BF16 reference gives KL 0,
+    top-1 agreement 1 and the same perplexity (the harness adds no error of its own)."""
+    from nvfp4stack.tasks.eval import run
+
+    cfg = compose("recipe=tiny_dsv4", "precision=bf16", "eval.level=e2e", "eval.num_prompts=2", "eval.max_tokens=12",
+                  f"run_dir={tmp_path}")
+    assert run(cfg) == 0
+    m = json.loads((tmp_path / "metrics.json").read_text())
+    assert set(m["precision"].values()) == {"bf16"}, m["precision"]
+    e = m["e2e"]
+    assert (e["kl_mean"], e["kl_max"], e["top1_agreement"]) == (0.0, 0.0, 1.0), e
+    assert e["ppl_ref"] == e["ppl_quant"]

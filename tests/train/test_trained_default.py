@@ -105,3 +105,28 @@ def test_served_default_answers_in_corpus_words(tmp_path, default_model):
         finally:
             log.close()
             print((tmp_path / "main.log").read_text(errors="replace")[-3000:])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("override", ["precision=bf16", "precision.routed_experts=nvfp4"])
+def test_e2e_fidelity_of_the_served_default(default_model, tmp_path, override):
+    """`eval eval.level=e2e` on the trained default: bf16 against bf16 is exact (the sanity row); the
+    served NVFP4 export (modelopt, W4A4) moves the distribution a little and keeps most top-1 tokens."""
+    import json
+
+    from nvfp4stack.cli import compose_config
+    from nvfp4stack.tasks.eval import run
+
+    cfg = compose_config(override, "command=eval", "eval.level=e2e", "eval.num_prompts=2", "eval.max_tokens=24",
+                         f"cache_dir={CACHE}", f"run_dir={tmp_path}")
+    assert run(cfg) == 0
+    m = json.loads((tmp_path / "metrics.json").read_text())
+    e = m["e2e"]
+    if override == "precision=bf16":
+        assert m["precision"]["routed_experts"] == "bf16"
+        assert (e["kl_mean"], e["kl_max"], e["top1_agreement"]) == (0.0, 0.0, 1.0), e
+    else:
+        assert m["precision"]["routed_experts"] == "nvfp4" and m["checkpoint"].endswith("nvfp4")
+        assert 0.0 < e["kl_mean"] < 0.5 and e["top1_agreement"] >= 0.7, e
+    # trained weights: the reference predicts the corpus far better than uniform over the vocabulary
+    assert e["ppl_ref"] < 1024 / 10, e

@@ -23,6 +23,40 @@ FACTORIES = ("tiny_v3",)
 # vLLM on CPU reserves this much KV cache by default (4 GiB); the tiny model needs far less and
 # the CI machines are shared.
 CPU_DEFAULT_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+BIND_KEY = "VLLM_CPU_OMP_THREADS_BIND"
+
+
+def cpu_thread_binding(workers: int, cpus: list[int]) -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND`` for ``workers`` CPU workers: the allowed cores in equal
+    contiguous groups ("0|1", "0,1,2,3|4,5,6,7"), leftovers unused.
+
+    vLLM's own "auto" binding wants one NUMA node per worker and refuses several workers on a
+    one-node host ("Not enough allowed NUMA nodes to bind threads of 2 local CPUWorkers").
+    """
+    cpus = sorted(cpus)
+    if workers > len(cpus):
+        raise ValueError(f"engine.tp x engine.dp = {workers} CPU workers need a core each, but this process may "
+                         f"use {len(cpus)} ({cpus}); lower engine.tp / engine.dp, or set engine.env."
+                         f"{BIND_KEY} yourself")
+    per = len(cpus) // workers
+    return "|".join(",".join(map(str, cpus[i * per:(i + 1) * per])) for i in range(workers))
+
+
+def server_env(cfg) -> dict[str, str]:
+    """Environment the server starts with: on CPU the KV-cache default and, for several workers
+    (tensor/data parallel) with no binding of the user's, one core group per worker; then ``engine.env``."""
+    import os
+
+    env: dict[str, str] = {}
+    workers = cfg.engine.tp * cfg.engine.dp
+    if cfg.arch.name == "cpu":
+        env.update(CPU_DEFAULT_ENV)
+        if workers > 1 and BIND_KEY not in os.environ and BIND_KEY not in cfg.engine.env:
+            env[BIND_KEY] = cpu_thread_binding(workers, sorted(os.sched_getaffinity(0)))
+            print(f"[serve] {workers} CPU workers: {BIND_KEY}={env[BIND_KEY]} (set engine.env.{BIND_KEY} to "
+                  "choose)", flush=True)
+    env.update(cfg.engine.env)
+    return env
 
 
 def tiny_v3_checkpoint(cfg, plan: EnginePlan, *, build: bool = True) -> Path:
@@ -118,8 +152,7 @@ def serving(cfg, *, log_name: str = "vllm_server.log"):
     argv = build_argv(cfg, plan, ckpt)
     if plan.needs_plugin():
         check_plugin_installed()
-    env = dict(CPU_DEFAULT_ENV) if cfg.arch.name == "cpu" else {}
-    env.update(engine.env)
+    env = server_env(cfg)
     log_path = Path(cfg.run_dir) / log_name
     base_url = f"http://{engine.host}:{engine.port}/v1"
     t0 = time.monotonic()
@@ -155,8 +188,7 @@ def run(cfg) -> int:
         print(cli)
         return 0
 
-    env = dict(CPU_DEFAULT_ENV) if cfg.arch.name == "cpu" else {}
-    env.update(engine.env)
+    env = server_env(cfg)
     log_path = run_dir / "vllm_server.log"
     base_url = f"http://{engine.host}:{engine.port}/v1"
     print(f"[serve] {cli}\n[serve] log: {log_path}", flush=True)

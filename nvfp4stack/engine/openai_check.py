@@ -95,8 +95,9 @@ def logprob_deltas(client, model: str, bf16_dir: str, nvfp4_dir: str) -> dict:
         # per-token values too, so a mismatch can be traced to positions offline (--json)
         per_prompt.append({"prompt": p, **_row(got, want, vocab), "ids": ids,
                            "served": [round(x, 4) for x in got], "reference": [round(x, 4) for x in want]})
-    long_want = per_prompt[-1]["reference"]
-    by_length = [{"length": n, **_row(_served_prompt_logprobs(client, model, long_ids[:n]), long_want[:n - 1], vocab)}
+    long_got, long_want = got, want   # the loop's last prompt is the long one: its full length is scored
+    by_length = [{"length": n, **_row(long_got if n == len(long_ids) else
+                                      _served_prompt_logprobs(client, model, long_ids[:n]), long_want[:n - 1], vocab)}
                  for n in PREFIX_LENGTHS if 2 <= n <= len(long_ids)]
     all_max = [x["max_abs"] for x in per_prompt]
     return {"per_prompt": per_prompt, "max_abs": max(all_max), "median_of_max": statistics.median(all_max),

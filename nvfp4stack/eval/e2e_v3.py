@@ -10,6 +10,7 @@ compares the BF16 build with itself (the sanity row: KL 0, top-1 agreement 1).
 """
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 from nvfp4stack.schemes import Scheme
@@ -59,7 +60,7 @@ def tiny_v3_e2e(cfg, batches_for) -> tuple[dict, dict]:
     bf16 = ensure_tiny_v3(Path(cfg.cache_dir).expanduser() / "tiny_v3", spec)   # cached: what the export came from
     ref = DeepseekV3ForCausalLM.from_pretrained(bf16, dtype=torch.float32).eval()
     if scheme is Scheme.BF16:
-        quant = DeepseekV3ForCausalLM.from_pretrained(bf16, dtype=torch.float32).eval()
+        quant = copy.deepcopy(ref)
     else:
         quant = reference_model(bf16, served, w4a4=_W4A4[scheme])
     batches = batches_for(AutoTokenizer.from_pretrained(bf16))

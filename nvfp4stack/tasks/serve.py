@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import sys
 import threading
@@ -45,14 +46,12 @@ def cpu_thread_binding(workers: int, cpus: list[int]) -> str:
 def server_env(cfg) -> dict[str, str]:
     """Environment the server starts with: on CPU the KV-cache default and, for several workers
     (tensor/data parallel) with no binding of the user's, one core group per worker; then ``engine.env``."""
-    import os
-
     env: dict[str, str] = {}
     workers = cfg.engine.tp * cfg.engine.dp
     if cfg.arch.name == "cpu":
         env.update(CPU_DEFAULT_ENV)
         if workers > 1 and BIND_KEY not in os.environ and BIND_KEY not in cfg.engine.env:
-            env[BIND_KEY] = cpu_thread_binding(workers, sorted(os.sched_getaffinity(0)))
+            env[BIND_KEY] = cpu_thread_binding(workers, list(os.sched_getaffinity(0)))
             print(f"[serve] {workers} CPU workers: {BIND_KEY}={env[BIND_KEY]} (set engine.env.{BIND_KEY} to "
                   "choose)", flush=True)
     env.update(cfg.engine.env)

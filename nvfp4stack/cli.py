@@ -223,9 +223,14 @@ def run_from_dictconfig(cfg) -> int:
         raise UsageError(f"invalid configuration: {e}") from None
     task = importlib.import_module(f"nvfp4stack.tasks.{typed.command}")
     from nvfp4stack.run_dir import prepare_run_dir
+    from nvfp4stack.train.config import warn_unused_train
+
+    def run() -> int:
+        warn_unused_train(typed)  # train.* given to serve/eval/...: say that only `train` reads it
+        return task.run(typed)
 
     run_dir = prepare_run_dir(typed, OmegaConf.to_yaml(cfg, resolve=True))
-    return run_task(lambda: task.run(typed), typed.command, run_dir / "cli.log")
+    return run_task(run, typed.command, run_dir / "cli.log")
 
 
 def run_task(run, command: str, log_path: Path) -> int:

@@ -22,6 +22,21 @@ def root(tmp_path_factory):
     return build_tiny_dsv4(tmp_path_factory.getbasetemp() / "tiny_dsv4_cache", seed=0)
 
 
+@pytest.fixture(scope="session")
+def trained_default():
+    """The trained embedded default (tiny_v3) in the cache the tests' servers use (RootConfig's
+    ``cache_dir``, ~/.cache/nvfp4stack under this HOME), through the factory `serve` uses.
+
+    Server tests take this fixture so that a cold cache (CI, a fresh HOME) trains the default here,
+    once per session and before any server's ready deadline starts, instead of inside the first
+    `serve` (158 s on free cores, over 15 minutes when the cores are shared). Returns the model dir.
+    """
+    from nvfp4stack.config import RootConfig
+    from nvfp4stack.models.resolve import FACTORIES, cache_root
+
+    return FACTORIES["tiny_v3"](cache_root(RootConfig.cache_dir), "bf16")
+
+
 def pytest_terminal_summary(terminalreporter):
     """List the README commands that tests/test_readme_commands.py ran (issue #12: CI shows them)."""
     import sys

@@ -24,6 +24,7 @@ _MODULES = (
     "uuid", "warnings", "weakref", "zipfile",
 )
 _MIN_CHARS = 80  # shorter docstrings are mostly "Return x." and teach nothing
+_CHILD_TIMEOUT_S = 300  # the child that reads them (see _all_docstrings): ~1 s idle
 
 
 def _collect_docstrings() -> list[str]:
@@ -52,12 +53,13 @@ def _collect_docstrings() -> list[str]:
 
 @lru_cache(maxsize=1)
 def _all_docstrings() -> tuple[str, ...]:
-    """The docstring pool as a fresh interpreter sees it (``python -I``, stdlib only).
+    """The docstring pool as a fresh interpreter sees it (``python -I -S``: stdlib only, no site).
 
     Libraries imported into this process patch stdlib objects (transformers adds
     ``logging.Logger.warning_advice``, others ``typing`` helpers), so an in-process walk would make
     the tokenizer, the calibration texts and the training data, and so the weights, depend on what
-    was imported first. Reading the pool in a clean child makes them a function of the Python build.
+    was imported first. Reading the pool in a clean child makes them a function of the Python build
+    (``-S`` also keeps site-packages' .pth hooks out of it).
     """
     import json
     import subprocess
@@ -67,10 +69,15 @@ def _all_docstrings() -> tuple[str, ...]:
     code = ("import json, sys; sys.path.insert(0, sys.argv[1]); "
             "from nvfp4stack.models.corpus import _collect_docstrings; json.dump(_collect_docstrings(), sys.stdout)")
     root = str(Path(__file__).resolve().parents[2])
-    p = subprocess.run([sys.executable, "-I", "-c", code, root], capture_output=True, text=True)
+    cmd = [sys.executable, "-I", "-S", "-c", code, root]
+    what = f"corpus: reading the stdlib docstrings in a fresh interpreter ({sys.executable} -I -S)"
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=_CHILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"{what} took over {_CHILD_TIMEOUT_S} s (it takes ~1 s on an idle machine); "
+                           "check that the interpreter starts, or retry on a less loaded machine") from None
     if p.returncode != 0:
-        raise RuntimeError(f"corpus: reading the stdlib docstrings in a fresh interpreter ({sys.executable} -I) "
-                           f"failed with exit {p.returncode}: {p.stderr.strip()[-600:]}")
+        raise RuntimeError(f"{what} failed with exit {p.returncode}: {p.stderr.strip()[-600:]}")
     return tuple(json.loads(p.stdout))
 
 

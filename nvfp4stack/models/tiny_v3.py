@@ -17,6 +17,11 @@ from nvfp4stack.io_atomic import atomic_dir
 from nvfp4stack.models.tokenizer import BOS, EOS, PAD, train_tokenizer
 
 
+# Bump when what a spec builds changes (tokenizer, init): part of both cache stamps (spec_dict).
+# 2: the tokenizer's docstring corpus is read in a fresh interpreter (no longer import-order dependent).
+SPEC_VERSION = 2
+
+
 @dataclass(frozen=True)
 class TinyV3Spec:
     """The knobs of the tiny model. Defaults are what the embedded ``tiny_cpu`` recipe serves."""
@@ -89,12 +94,13 @@ def build_tiny_v3(out_dir: str | os.PathLike, spec: TinyV3Spec = TinyV3Spec()) -
         assert (tok.pad_token, tok.bos_token, tok.eos_token) == (PAD, BOS, EOS)
         assert tok.convert_tokens_to_ids([PAD, BOS, EOS]) == [0, 1, 2], "special token ids moved"
 
-        torch.manual_seed(spec.seed)
-        model = DeepseekV3ForCausalLM(hf_config(spec)).to(torch.bfloat16).eval()
-        # transformers inits the noaux_tc correction bias to zeros; a random one exercises it.
-        with torch.no_grad():
-            for layer in model.model.layers[spec.first_k_dense_replace:]:
-                layer.mlp.gate.e_score_correction_bias.uniform_(-0.05, 0.05)
+        with torch.random.fork_rng(devices=[]):  # seeded, without reseeding the caller's RNG
+            torch.manual_seed(spec.seed)
+            model = DeepseekV3ForCausalLM(hf_config(spec)).to(torch.bfloat16).eval()
+            # transformers inits the noaux_tc correction bias to zeros; a random one exercises it.
+            with torch.no_grad():
+                for layer in model.model.layers[spec.first_k_dense_replace:]:
+                    layer.mlp.gate.e_score_correction_bias.uniform_(-0.05, 0.05)
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
         shutil.rmtree(tmp / "tok")
@@ -114,7 +120,8 @@ def patch_config_json(path: Path) -> None:
 
 
 def spec_dict(spec: TinyV3Spec) -> dict:
-    return asdict(spec)
+    """The spec as the cache stamps record it (random build and trained key alike)."""
+    return {**asdict(spec), "spec_version": SPEC_VERSION}
 
 
 def ensure_tiny_v3(cache_dir: str | os.PathLike, spec: TinyV3Spec = TinyV3Spec(), *, trained: bool = True,
@@ -128,26 +135,32 @@ def ensure_tiny_v3(cache_dir: str | os.PathLike, spec: TinyV3Spec = TinyV3Spec()
     """
     if not trained:
         out = Path(cache_dir) / "random"
-        want = json.dumps(asdict(spec), sort_keys=True)
+        want = json.dumps(spec_dict(spec), sort_keys=True)
         stamp = out / "nvfp4stack_spec.json"
         if not (stamp.exists() and stamp.read_text() == want):
             build_tiny_v3(out, spec)
             stamp.write_text(want)
         return out
+    return ensure_trained_tiny_v3(cache_dir, spec, train)[0]
+
+
+def ensure_trained_tiny_v3(cache_dir: str | os.PathLike, spec: TinyV3Spec = TinyV3Spec(),
+                           train=None) -> tuple[Path, bool]:
+    """(the trained model dir of :func:`ensure_tiny_v3`, whether this call trained it; False: cached)."""
     from nvfp4stack.train.config import TrainConfig
     from nvfp4stack.train.models import key_digest, train_key, train_tiny_v3
 
     default = TrainConfig().resolved("tiny_v3")
     cfg = (train or default).resolved("tiny_v3")
-    key = train_key("tiny_v3", asdict(spec), cfg)
+    key = train_key("tiny_v3", spec_dict(spec), cfg)
     out = Path(cache_dir) / ("bf16" if cfg == default else f"trained-{key_digest(key)}")
     # serve's NVFP4 export is keyed on this stamp's text (written by train_tiny_v3): new weights
     # re-quantize it.
     want = json.dumps(key, sort_keys=True)
     stamp = out / "nvfp4stack_spec.json"
     if stamp.exists() and stamp.read_text() == want:
-        return out
-    return train_tiny_v3(out, spec, cfg)
+        return out, False
+    return train_tiny_v3(out, spec, cfg), True
 
 
 def reference_model(bf16_dir: str | os.PathLike, nvfp4_dir: str | os.PathLike, *, w4a4: bool,

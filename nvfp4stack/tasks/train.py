@@ -8,15 +8,14 @@ Writes the training manifest into the run directory too.
 from __future__ import annotations
 
 import json
-import shutil
-import time
 from pathlib import Path
 
 TRAINABLE = ("tiny_v3", "tiny_v3_random", "tiny_dsv4", "tiny_dsv4_trained")
 
 
-def trained_dir(cfg) -> Path:
-    """Train (or find in the cache) the model of ``cfg.model.factory``; returns the dir with its manifest."""
+def trained_dir(cfg) -> tuple[Path, bool]:
+    """Train (or find in the cache) the model of ``cfg.model.factory``: (the dir with its manifest,
+    whether this call trained it)."""
     from nvfp4stack.models.resolve import cache_root
 
     factory = cfg.model.factory
@@ -27,27 +26,24 @@ def trained_dir(cfg) -> Path:
                          "(tiny_v3) or recipe=tiny_dsv4")
     cache = cache_root(cfg.cache_dir)
     if factory.startswith("tiny_v3"):
-        from nvfp4stack.models.tiny_v3 import ensure_tiny_v3
+        from nvfp4stack.models.tiny_v3 import ensure_trained_tiny_v3
 
-        return ensure_tiny_v3(cache / "tiny_v3", trained=True, train=cfg.train)
-    from nvfp4stack.train.models import train_tiny_dsv4
+        return ensure_trained_tiny_v3(cache / "tiny_v3", train=cfg.train)
+    from nvfp4stack.train.models import ensure_trained_tiny_dsv4
 
-    return train_tiny_dsv4(cache / "models", cfg.train)
+    return ensure_trained_tiny_dsv4(cache / "models", cfg.train)
 
 
 def run(cfg) -> int:
+    from nvfp4stack.io_atomic import atomic_write_text
     from nvfp4stack.train.models import MANIFEST, print_summary, read_manifest
 
-    started = time.time()
-    out = trained_dir(cfg)
+    out, trained = trained_dir(cfg)
     manifest = read_manifest(out)
-    run_dir = Path(cfg.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(out / MANIFEST, run_dir / MANIFEST)
-    cached = (out / MANIFEST).stat().st_mtime < started
-    if cached:  # a fresh run printed its summary as it finished
+    copy = atomic_write_text(Path(cfg.run_dir) / MANIFEST, (out / MANIFEST).read_text())
+    if not trained:  # a fresh run printed its summary as it finished
         print_summary(manifest["model"], manifest)
-    print(f"train: {'cached, ' if cached else ''}{out} (manifest: {run_dir / MANIFEST})")
+    print(f"train: {'' if trained else 'cached, '}{out} (manifest: {copy})")
     print(json.dumps({k: manifest[k] for k in ("seed", "steps", "tokens_seen", "final_train_loss",
                                                "heldout_ppl_bf16_weights", "uniform_ppl", "wall_s")}))
     return 0

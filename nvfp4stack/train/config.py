@@ -5,11 +5,12 @@ import dataclasses
 from dataclasses import dataclass
 
 # Steps when ``train.steps`` is null, per model: what the cached default of each factory trains.
-# tiny_v3 (the embedded default, ~2.9M parameters): 600 steps, ~3 min at ~6,500 tokens/s on 2 free cores
-# (measured 2026-11-24), held-out perplexity 28.5 (goal <= vocab/20 = 51; 350 steps gave 41.8, with
-# visibly more broken words in served replies). tiny_dsv4's eager transformers forward (mHC, compressor,
-# indexer) runs ~5x fewer tokens/s, so it gets 100 steps: enough to learn frequent words and to give
-# the fidelity harness non-uniform distributions, cheap enough to train on demand.
+# tiny_v3 (the embedded default, ~2.9M parameters): 600 steps, 158 s at 7,778 tokens/s on 2 free cores
+# (measured 2026-11-24, README "Train the tiny models"; 1030 s when the cores were shared), held-out
+# perplexity 28.5 (goal <= vocab/20 = 51; 350 steps gave 41.8, with visibly more broken words in served
+# replies). tiny_dsv4's eager transformers forward (mHC, compressor, indexer) runs many times fewer
+# tokens/s (623 on shared cores), so it gets 100 steps (329 s on shared cores): enough to learn frequent
+# words and to give the fidelity harness non-uniform distributions, cheap enough to train on demand.
 DEFAULT_STEPS = {"tiny_v3": 600, "tiny_dsv4": 100}
 DTYPES = ("float32", "bfloat16")
 
@@ -65,3 +66,18 @@ class TrainConfig:
     def key(self) -> dict:
         """What the trained weights depend on (the cache key and the manifest's ``train``)."""
         return dataclasses.asdict(self)
+
+
+def warn_unused_train(cfg) -> None:
+    """One stderr line when ``train.*`` differs from the defaults for a command other than ``train``:
+    only ``python main.py train`` reads it; serve, eval and the factories use the default-budget cache
+    entry (training it with the defaults when absent)."""
+    if cfg.command == "train":
+        return
+    default = TrainConfig()
+    changed = [f"train.{k}" for k, v in dataclasses.asdict(cfg.train).items() if v != getattr(default, k)]
+    if changed:
+        import sys
+
+        print(f"nvfp4stack {cfg.command}: warning: {', '.join(changed)} ignored: only `python main.py train` "
+              f"reads train.*; {cfg.command} uses the cached default-budget model", file=sys.stderr, flush=True)

@@ -31,8 +31,9 @@ def _autocast(cfg: TrainConfig):
 
 @contextlib.contextmanager
 def _deterministic(seed: int):
-    """Seeded RNG and torch's deterministic algorithms for the run; the caller's settings (a test
-    session, the CLI process) are restored afterwards."""
+    """Seeded RNG and torch's deterministic algorithms requested for the run (``warn_only``: an op
+    with no deterministic implementation warns instead of failing, so this is no guarantee by
+    itself); the caller's settings (a test session, the CLI process) are restored afterwards."""
     enabled, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
     rng = torch.get_rng_state()
     torch.manual_seed(seed)
@@ -77,8 +78,9 @@ def train_loop(model, streams: Streams, cfg: TrainConfig, desc: str,
                on_step: Callable[[int, float], None] | None = None) -> dict:
     """Train ``model`` in place for ``cfg.steps`` steps; returns the run's numbers for the manifest.
 
-    Deterministic for a given (model init, cfg, torch build, thread count): the batches come from a
-    generator seeded with ``cfg.seed`` and torch's deterministic algorithms are on.
+    Repeatable for a given (model init, cfg, torch build, thread count): the batches come from a
+    generator seeded with ``cfg.seed`` and torch's deterministic algorithms are requested in
+    ``warn_only`` mode (see :func:`_deterministic`; tests/train checks that two runs agree bit for bit).
     """
     if cfg.steps is None:
         raise ValueError("train_loop: cfg.steps is None; call cfg.resolved(model_name) first")

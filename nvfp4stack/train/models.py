@@ -24,10 +24,26 @@ MANIFEST = "train_manifest.json"
 STAMP = "nvfp4stack_spec.json"  # the cache key; serve's NVFP4 export is keyed on its text
 
 
-def train_key(model: str, spec: dict, cfg: TrainConfig) -> dict:
-    """What a trained model depends on: the cache stamp (and, hashed, the directory suffix)."""
-    return {"model": model, "spec": spec, "train": cfg.key(), "data_version": DATA_VERSION,
-            "corpus_sha256": corpus_digest(), "torch": torch.__version__}
+# Bump when the training loop (optimizer, schedule, windows, scoring) or the tokenizer's chat template
+# (models/tokenizer.py, which wraps chat_fraction of the texts) changes; the corpus and its formatting
+# have DATA_VERSION (train/data.py). Both are in the cache key: a bump retrains every cached model once.
+TRAINER_VERSION = 1
+
+
+def train_key(model: str, spec: dict, cfg: TrainConfig, **extra) -> dict:
+    """What a trained model depends on: the cache stamp (and, hashed, the directory suffix).
+
+    ``extra``: model-specific inputs (tiny_dsv4: the sha256 of the random root's tokenizer.json)."""
+    import tokenizers
+    import transformers
+
+    return {"model": model, "spec": spec, "train": cfg.key(), "trainer_version": TRAINER_VERSION,
+            "data_version": DATA_VERSION, "corpus_sha256": corpus_digest(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "tokenizers": tokenizers.__version__, **extra}
+
+
+def file_sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def key_digest(key: dict) -> str:
@@ -54,15 +70,23 @@ def _finish(model, streams, cfg: TrainConfig, stats: dict, key: dict, t_start: f
     }
 
 
+# What the default budget of each model took (README, "Train the tiny models"); printed before a run
+# of that budget so the wait is expected. Other budgets get no estimate.
+MEASURED = {"tiny_v3": "158 s on 2 free cores, much longer when they are shared",
+            "tiny_dsv4": "329 s on 2 shared cores"}
+
+
 def announce(model: str, cfg: TrainConfig, out: Path) -> None:
     tokens = cfg.steps * cfg.batch_size * cfg.seq_len
-    print(f"[train] {model}: training on the stdlib corpus ({cfg.steps} steps, {tokens:,} tokens; a few "
-          f"minutes on 2 cores, once, then cached) -> {out}", flush=True)
+    took = (f"; the default budget took {MEASURED[model]}"
+            if model in MEASURED and cfg == TrainConfig().resolved(model) else "")
+    print(f"[train] {model}: training on the stdlib corpus ({cfg.steps} steps, {tokens:,} tokens{took}; "
+          f"once, then cached) -> {out}", flush=True)
 
 
 def train_tiny_v3(out_dir: str | Path, spec, cfg: TrainConfig) -> Path:
     """Train the tiny DeepseekV3 of ``spec`` from its seeded init; write bf16 weights, tokenizer and
-    manifest into ``out_dir`` (atomically; replaces it)."""
+    manifest into ``out_dir`` (atomically; replaces it). The caller's torch RNG state is left as it was."""
     import shutil
 
     from transformers import AutoTokenizer, DeepseekV3ForCausalLM
@@ -80,11 +104,12 @@ def train_tiny_v3(out_dir: str | Path, spec, cfg: TrainConfig) -> Path:
     with atomic_dir(out) as tmp:
         train_tokenizer(tmp / "tok", spec.vocab_size)
         tok = AutoTokenizer.from_pretrained(tmp / "tok")
-        torch.manual_seed(spec.seed)
-        model = DeepseekV3ForCausalLM(hf_config(spec)).float()
-        with torch.no_grad():  # as build_tiny_v3: a random noaux_tc correction bias (a buffer, not trained)
-            for layer in model.model.layers[spec.first_k_dense_replace:]:
-                layer.mlp.gate.e_score_correction_bias.uniform_(-0.05, 0.05)
+        with torch.random.fork_rng(devices=[]):  # the seeded init, without reseeding the caller's RNG
+            torch.manual_seed(spec.seed)
+            model = DeepseekV3ForCausalLM(hf_config(spec)).float()
+            with torch.no_grad():  # as build_tiny_v3: a random noaux_tc correction bias (a buffer, not trained)
+                for layer in model.model.layers[spec.first_k_dense_replace:]:
+                    layer.mlp.gate.e_score_correction_bias.uniform_(-0.05, 0.05)
         streams = corpus_streams(tok, cfg)
         stats = train_loop(model, streams, cfg, desc="train tiny_v3")
         manifest = _finish(model, streams, cfg, stats, key, t_start)
@@ -114,7 +139,14 @@ def read_manifest(model_dir: str | Path) -> dict:
 
 
 def train_tiny_dsv4(cache_dir: str | Path, cfg: TrainConfig, seed: int = 0) -> Path:
-    """The tiny DeepSeek-V4 trained on the stdlib corpus, in the factory's three layouts; returns its root.
+    """The tiny DeepSeek-V4 trained on the stdlib corpus (cached); returns its root. See
+    :func:`ensure_trained_tiny_dsv4`."""
+    return ensure_trained_tiny_dsv4(cache_dir, cfg, seed)[0]
+
+
+def ensure_trained_tiny_dsv4(cache_dir: str | Path, cfg: TrainConfig, seed: int = 0) -> tuple[Path, bool]:
+    """The tiny DeepSeek-V4 trained on the stdlib corpus, in the factory's three layouts: (its root,
+    whether this call trained it; False when the cache had it).
 
     Starts from the seeded random build (``build_tiny_dsv4``), trains transformers' DeepseekV4 in
     fp32, then stores the result like the random build: BF16 in DeepSeek-native names, routed experts
@@ -136,11 +168,13 @@ def train_tiny_dsv4(cache_dir: str | Path, cfg: TrainConfig, seed: int = 0) -> P
 
     cfg = cfg.resolved("tiny_dsv4")
     cache_dir = Path(cache_dir)
-    key = train_key("tiny_dsv4", {"spec_version": SPEC_VERSION, "seed": seed, "arch": TINY_DSV4_ARCH}, cfg)
+    # training starts from the random root's tokenizer and weights: build (or find) it first, key on both
+    random_root = build_tiny_dsv4(cache_dir, seed)
+    key = train_key("tiny_dsv4", {"spec_version": SPEC_VERSION, "seed": seed, "arch": TINY_DSV4_ARCH}, cfg,
+                    tokenizer_sha256=file_sha256(random_root / "tokenizer" / "tokenizer.json"))
     root = cache_dir / f"tiny_dsv4-v{SPEC_VERSION}-s{seed}-trained-{key_digest(key)}"
     if (root / STAMP).exists() and (root / STAMP).read_text() == json.dumps(key, sort_keys=True):
-        return root
-    random_root = build_tiny_dsv4(cache_dir, seed)
+        return root, False
     announce("tiny_dsv4", cfg, root)
     t_start = time.perf_counter()
     with atomic_dir(root) as tmp:
@@ -169,4 +203,4 @@ def train_tiny_dsv4(cache_dir: str | Path, cfg: TrainConfig, seed: int = 0) -> P
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
         (tmp / STAMP).write_text(json.dumps(key, sort_keys=True))
     print_summary("tiny_dsv4", manifest)
-    return root
+    return root, True

@@ -35,9 +35,10 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
-def test_serve_task_against_embedded_server(tmp_path):
+def test_serve_task_against_embedded_server(tmp_path, request):
     openai = pytest.importorskip("openai")
     pytest.importorskip("vllm")
+    request.getfixturevalue("trained_default")  # a cold cache trains here, before the ready deadline starts
     rng = random.Random(random.randrange(2**31))
     tasks = []
     for i in range(6):

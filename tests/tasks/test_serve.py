@@ -51,10 +51,11 @@ def wait_for_models(client, proc, timeout_s):
 
 
 @pytest.mark.slow
-def test_serve_tiny_cpu_end_to_end(tmp_path):
+def test_serve_tiny_cpu_end_to_end(tmp_path, request):
     psutil = pytest.importorskip("psutil")
     openai = pytest.importorskip("openai")
     pytest.importorskip("vllm")
+    request.getfixturevalue("trained_default")  # a cold cache trains here, before the ready deadline starts
     port = free_port()
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "main.py", "serve", f"engine.port={port}", f"run_dir={run_dir}", f"cache_dir={CACHE}",
@@ -183,9 +184,10 @@ RULE = r"precision.rules=[{targets:['re:^model\.layers\.1\.mlp\.experts\.'],sche
 
 
 @pytest.mark.slow
-def test_bf16_layer_rule_is_served_as_planned(tmp_path):
+def test_bf16_layer_rule_is_served_as_planned(tmp_path, request):
     openai = pytest.importorskip("openai")
     pytest.importorskip("vllm")
+    request.getfixturevalue("trained_default")  # a cold cache trains here, before the ready deadline starts
     from nvfp4stack.cli import compose_config
     from nvfp4stack.engine.plan_section import engine_plan_for
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nvfp4stack.models.tiny_v3 import TinyV3Spec, ensure_tiny_v3
+from nvfp4stack.models.tiny_v3 import TinyV3Spec, ensure_tiny_v3, ensure_trained_tiny_v3
 from nvfp4stack.train.config import DEFAULT_STEPS, TrainConfig
 from nvfp4stack.train.loop import lr_at
 
@@ -57,7 +57,11 @@ def test_same_seed_same_bytes(trained, tmp_path):
 def test_other_seed_other_weights(trained, tmp_path):
     from safetensors.torch import load_file
 
+    torch.manual_seed(123)
+    expected = torch.rand(4)
+    torch.manual_seed(123)
     other = ensure_tiny_v3(tmp_path, SPEC, train=TrainConfig(**{**BUDGET.key(), "seed": 1}))
+    assert torch.equal(torch.rand(4), expected), "training reseeded the caller's torch RNG"
     a, b = load_file(str(trained / "model.safetensors")), load_file(str(other / "model.safetensors"))
     assert not torch.equal(a["model.embed_tokens.weight"], b["model.embed_tokens.weight"])
 
@@ -67,6 +71,7 @@ def test_cached_result_is_reused(trained, monkeypatch):
 
     monkeypatch.setattr(models, "train_tiny_v3", lambda *a, **k: pytest.fail("trained again"))
     assert ensure_tiny_v3(trained.parent, SPEC, train=BUDGET) == trained
+    assert ensure_trained_tiny_v3(trained.parent, SPEC, BUDGET) == (trained, False)  # what `train` reports
 
 
 def test_interrupted_run_leaves_nothing(tmp_path, monkeypatch):
@@ -113,6 +118,30 @@ def test_conf_default_is_the_dataclass_default():
 
     assert compose_config("command=train", "run_dir=/tmp/unused").train == TrainConfig()
     assert TrainConfig().resolved("tiny_v3").steps == DEFAULT_STEPS["tiny_v3"]
+
+
+def test_train_keys_given_to_another_command_are_named_as_ignored(capsys):
+    from nvfp4stack.cli import compose_config
+    from nvfp4stack.train.config import warn_unused_train
+
+    warn_unused_train(compose_config("command=serve", "train.steps=5", "train.lr=0.01", "run_dir=/tmp/unused"))
+    err = capsys.readouterr().err
+    assert "train.steps, train.lr ignored: only `python main.py train` reads train.*" in err, err
+    for args in (("command=train", "train.steps=5"), ("command=serve",)):
+        warn_unused_train(compose_config(*args, "run_dir=/tmp/unused"))
+        assert capsys.readouterr().err == "", args
+
+
+def test_train_command_says_whether_it_trained(trained, tmp_path, monkeypatch, capsys):
+    """`train` on a cached entry reports it cached (from the cache function, not file times) and copies
+    the manifest into the run directory."""
+    from nvfp4stack.cli import compose_config
+    from nvfp4stack.tasks import train as task
+
+    monkeypatch.setattr(task, "trained_dir", lambda cfg: (trained, False))
+    assert task.run(compose_config("command=train", f"run_dir={tmp_path}")) == 0
+    assert f"train: cached, {trained}" in capsys.readouterr().out
+    assert (tmp_path / "train_manifest.json").read_text() == (trained / "train_manifest.json").read_text()
 
 
 @pytest.mark.parametrize("key,value,match", [

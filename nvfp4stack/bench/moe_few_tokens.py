@@ -1,10 +1,12 @@
 """Decode at engine batch sizes: ``tokens x top_k`` routed slots over ``experts`` (most idle).
 
 ``python -m nvfp4stack.bench.moe_few_tokens [--shape flash] [--experts 64] [--top-k 6]
-[--tokens 1,2,4,8,16] [--routing uniform,zipf]`` (GPU host; torch + triton only). At batch 1-10
+[--tokens 1,2,4,8,16 | --rows 1,2,4,8,16] [--routing uniform,zipf] [--l2 cold|warm]`` (GPU host; torch +
+triton only). ``--rows`` gives average routed rows per expert (tokens = ceil(rows x experts / top_k)). At batch 1-10
 with DeepSeek-V4-Flash's 64 local experts and top-6 most experts get no token, a load that
 ``bench.moe_kernel`` (every expert ``n`` rows) never shows. Per load it times, with CUDA-graph
-replay, the tiles the forward picks, every decode tile candidate that fits the shape, the Triton
+replay and, by default, the L2 flushed before every call on every side (bench/cold_l2.py), the
+tiles the forward picks, every decode tile candidate that fits the shape, the Triton
 path, and bf16 ``torch._grouped_mm`` on the same routing (gather, two grouped GEMMs, SwiGLU), and
 prints us and TB/s on the NVFP4 bytes of the experts that received tokens. Where vLLM for CUDA is
 installed (the offline bundle), vLLM's fused Marlin NVFP4 MoE runs on the same weights
@@ -14,11 +16,13 @@ fresh random inputs and exits 1 where either is off by more than 1e-2.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 
 import torch
 
 from nvfp4stack.bench import marlin_moe
+from nvfp4stack.bench.cold_l2 import cold_time_us, flush_buffer
 from nvfp4stack.bench.moe_kernel import SHAPES, _bf16_pipeline, _short, _time_ms, dequant_all, random_nvfp4_experts
 from nvfp4stack.kernels.moe.torch_emulation import nvfp4_moe_forward
 
@@ -40,6 +44,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--experts", type=int, default=64)
     ap.add_argument("--top-k", type=int, default=6)
     ap.add_argument("--tokens", default="1,2,4,8,16")
+    ap.add_argument("--rows", default=None,
+                    help="average routed rows per expert, e.g. 1,2,4,8,16 (instead of --tokens)")
+    ap.add_argument("--l2", choices=("cold", "warm"), default="cold",
+                    help="cold: flush the L2 before every timed call (weights come from HBM, as in a "
+                         "real decode step); warm: back-to-back graph replays")
     ap.add_argument("--routing", default="uniform,zipf")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--marlin", choices=("auto", "on", "off"), default="auto",
@@ -48,6 +57,14 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--sweep", action=argparse.BooleanOptionalAction, default=True,
                     help="also time every decode tile candidate and the Triton path (--no-sweep: picked only)")
     return ap
+
+
+def token_counts(tokens: str, rows: str | None, experts: int, top_k: int) -> list[int]:
+    """Batch sizes to run: ``--tokens`` as given, or for ``--rows`` (average routed rows per expert)
+    the smallest batch that reaches each average."""
+    if rows:
+        return [math.ceil(float(r) * experts / top_k) for r in rows.split(",")]
+    return [int(t) for t in tokens.split(",")]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,14 +93,20 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         marlin = marlin_moe.prepare(w13, w2) if ok else None
         print(f"marlin column: {why if ok else 'left out: ' + why}")
+    flush = flush_buffer(dev) if a.l2 == "cold" else None
+
+    def timed(fn, rep: int = 60) -> float:  # ms
+        return cold_time_us(fn, flush) / 1e3 if flush is not None else _time_ms(fn, True, rep=rep)
+
+    print(f"timing: CUDA-graph replay, L2 {a.l2}")
     summary, bad = [], []
     for kind in a.routing.split(","):
-        for tokens in (int(t) for t in a.tokens.split(",")):
+        for tokens in token_counts(a.tokens, a.rows, e, k):
             ids = routing(tokens, e, k, kind, gen, dev)
             wts = torch.softmax(torch.randn(tokens, k, device=dev, generator=gen), -1)
             x = torch.randn(tokens, hidden, device=dev, dtype=torch.bfloat16, generator=gen)
             counts = torch.bincount(ids.reshape(-1).long(), minlength=e)
-            active = int((counts > 0).sum())
+            active, busiest = int((counts > 0).sum()), int(counts.max())
             offs = torch.cumsum(counts, 0).to(torch.int32)
             order = torch.argsort(ids.reshape(-1), stable=True)
             x_sorted = x[(order // k)].contiguous()
@@ -97,18 +120,18 @@ def main(argv: list[str] | None = None) -> int:
             ref = nvfp4_moe_forward(x.float(), w13, w2, wts, ids, swiglu_limit=10.0)
             err = _rel_err(tw.nvfp4_moe_forward_triton(x, w13, w2, wts, ids, swiglu_limit=10.0, config=heur,
                                                        mode="w4a16", poison=True), ref)
-            t_heur = _time_ms(lambda: ours(heur), True)
+            t_heur = timed(lambda: ours(heur))
             t_marlin = err_marlin = None
             if marlin is not None:
                 err_marlin = _rel_err(marlin_moe.forward(marlin, x, wts, ids, swiglu_limit=10.0), ref)
-                t_marlin = _time_ms(lambda: marlin_moe.forward(marlin, x, wts, ids, swiglu_limit=10.0), True)
-            t_bf16 = _time_ms(lambda: _bf16_pipeline(x_sorted, w13t, w2t, offs, 10.0), True)
+                t_marlin = timed(lambda: marlin_moe.forward(marlin, x, wts, ids, swiglu_limit=10.0))
+            t_bf16 = timed(lambda: _bf16_pipeline(x_sorted, w13t, w2t, offs, 10.0))
             best, t_best = heur, t_heur
             for cand in cands + ([tw.pick_config(tokens * k / e)] if a.sweep else []):
                 if cand == heur:
                     continue
                 try:
-                    t = _time_ms(lambda: ours(cand), True, rep=40)
+                    t = timed(lambda: ours(cand), rep=40)
                 except Exception as exc:  # a tile that fails is reported, not fatal
                     print(f"  {_short(cand)} failed: {type(exc).__name__}: {str(exc)[:120]}")
                     continue
@@ -117,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
                     best, t_best = cand, t
             marlin_cells = ("", "", "") if t_marlin is None else (
                 f"{t_marlin * 1e3:.1f}", f"{t_marlin / t_heur:.2f}x", f"{err_marlin:.1e}")
-            row = (kind, tokens, tokens * k / e, active, t_heur * 1e3, nbytes / t_heur / 1e9, f"{err:.1e}",
+            row = (kind, tokens, tokens * k / e, f"{active} / {busiest}", t_heur * 1e3, nbytes / t_heur / 1e9, f"{err:.1e}",
                    t_best * 1e3, _short(best), t_bf16 * 1e3, t_bf16 / t_heur, *marlin_cells)
             summary.append(row)
             print(f"  {kind:7s} T={tokens:3d} active={active:3d} picked {_short(heur)}: {t_heur * 1e3:.1f} us, "
@@ -126,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
             if err > 1e-2 or (err_marlin is not None and err_marlin > 1e-2):
                 marlin_err = "not run" if err_marlin is None else f"{err_marlin:.2e}"
                 bad.append(f"{kind} T={tokens}: rel err ours {err:.2e}, marlin {marlin_err}")
-    print("\n| routing | tokens | rows/expert | active experts | picked us | picked TB/s | picked rel err | best us "
+    print("\n| routing | tokens | rows/expert | active experts / busiest rows | picked us | picked TB/s | picked rel err | best us "
           "| best tile | bf16 us | picked vs bf16 | marlin us | picked vs marlin | marlin rel err |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in summary:

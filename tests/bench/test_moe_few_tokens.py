@@ -44,3 +44,15 @@ def test_marlin_and_sweep_flags_parse():
     assert mf.parser().parse_args([]).marlin == "auto" and mf.parser().parse_args([]).sweep is True
     with pytest.raises(SystemExit):
         mf.parser().parse_args(["--marlin", "maybe"])
+
+
+def test_rows_give_the_batch_that_reaches_each_average_and_l2_is_cold_by_default():
+    # DeepSeek-V4-Pro EP: 48 local experts, top-6; Flash EP: 64, top-6 (a batch of 11 is 1.03 rows)
+    assert mf.token_counts("1", "1,2,4,8,16", 48, 6) == [8, 16, 32, 64, 128]
+    assert mf.token_counts("1", "1,8,16", 64, 6) == [11, 86, 171]
+    assert mf.token_counts("3,5", None, 64, 6) == [3, 5]
+    a = mf.parser().parse_args(["--rows", "1,2"])
+    assert a.l2 == "cold" and a.rows == "1,2"
+    assert mf.parser().parse_args(["--l2", "warm"]).l2 == "warm"
+    with pytest.raises(SystemExit):
+        mf.parser().parse_args(["--l2", "lukewarm"])

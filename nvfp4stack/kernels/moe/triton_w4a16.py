@@ -124,13 +124,24 @@ def pick_config(rows_per_expert: float) -> tuple[TileConfig, TileConfig]:
 # it needs two blocks per expert (Flash 48 rows: 559 us) where one Triton 64-row block serves all
 # (443 us at 64 rows): the Triton tiles take over.
 DECODE_MAX_ROWS_PER_EXPERT = 32
-# (L1, L2): the two GEMMs need only share the routing block. L1 (K = hidden, twice L2's rows) runs
-# 10-13% faster with 8 warps of one m-tile and BK=256 than with the L2 tile (H200, 2026-11-22 05:10:
-# Flash 4 tok/expert 117.9 vs 130.6 us, Pro 291.3 vs 335.7), while L2 keeps 2 m-tiles x BK=128.
-_DECODE_T8 = (DecodeConfig(block_t=8, mrep=1, block_k=256, num_warps=8, prefetch=0),
-              DecodeConfig(block_t=8, mrep=2, block_k=128, num_warps=4, prefetch=1))
-_DECODE_T16 = (DecodeConfig(block_t=16, mrep=2, block_k=128, num_warps=4, prefetch=0),) * 2
+# (L1, L2) decode tiles; the two GEMMs need only share the routing block (block_t). Routing is never
+# balanced: at an average of 8 rows per expert the busiest expert gets 14-20 rows (uniform top-6 draws
+# over 32-64 experts) and 45-72 under Zipf-1.1 skew, so an 8-token block splits most experts in two
+# and the weights are dequantized twice. Measured on an H200 with the L2 flushed before every call
+# (2026-11-24, tests/kernels/moe/decode_profile.py, Flash/Pro at 32/48/64 experts, uniform and Zipf):
+# - below 2 rows: L1 8 warps x 1 m-tile x BK=256, L2 2 m-tiles x BK=128 with register prefetch;
+# - 2 to 6 rows: 8 tokens, 2 m-tiles x BK=256 x 4 warps for both: 1-12% less time than the pair above
+#   at 2-4 rows (Pro 48 experts, 4 rows: 602 vs 683 us);
+# - 6 to 16 rows: 16 tokens, L1 2 warps x 2 m-tiles x BK=128, L2 4 warps: 20-25% less time than
+#   8-token blocks at 8 rows (Pro 48 experts: 787 vs 1048 us) and 0-8% less than 4 warps at 16.
+_DECODE_FEW = (DecodeConfig(block_t=8, mrep=1, block_k=256, num_warps=8, prefetch=0),
+               DecodeConfig(block_t=8, mrep=2, block_k=128, num_warps=4, prefetch=1))
+_DECODE_T8 = (DecodeConfig(block_t=8, mrep=2, block_k=256, num_warps=4, prefetch=0),) * 2
+_DECODE_T16 = (DecodeConfig(block_t=16, mrep=2, block_k=128, num_warps=2, prefetch=0),
+               DecodeConfig(block_t=16, mrep=2, block_k=128, num_warps=4, prefetch=0))
 _DECODE_T32 = (DecodeConfig(block_t=32, mrep=2, block_k=64, num_warps=4, prefetch=0),) * 2
+# the largest average rows per expert each 8/16-token choice takes
+DECODE_FEW_MAX_ROWS, DECODE_T8_MAX_ROWS, DECODE_T16_MAX_ROWS = 2.0, 6.0, 16.0
 
 
 def decode_available(device: torch.device) -> bool:
@@ -146,12 +157,21 @@ def decode_available(device: torch.device) -> bool:
 
 
 def decode_pair(rows_per_expert: float, hidden: int, inter: int) -> tuple[DecodeConfig, DecodeConfig] | None:
-    """(L1, L2) decode tiles for this load and shape where the decode kernels are available."""
+    """(L1, L2) decode tiles for this load and shape where the decode kernels are available: the
+    measured pair for the load, else (shapes that do not divide into it) the first of the other
+    pairs with the same routing block that fits, either pair's L2 tile for both GEMMs included."""
     if rows_per_expert > DECODE_MAX_ROWS_PER_EXPERT:
         return None
-    best = _DECODE_T8 if rows_per_expert <= 8 else _DECODE_T16 if rows_per_expert <= 16 else _DECODE_T32
-    # the L2 tile for both GEMMs where the shape does not divide into the L1 tile
-    return next((p for p in (best, (best[1], best[1])) if all(c.fits(hidden, inter) for c in p)), None)
+    if rows_per_expert < DECODE_FEW_MAX_ROWS:
+        order = (_DECODE_FEW, _DECODE_T8)
+    elif rows_per_expert <= DECODE_T8_MAX_ROWS:
+        order = (_DECODE_T8, _DECODE_FEW)
+    elif rows_per_expert <= DECODE_T16_MAX_ROWS:
+        order = (_DECODE_T16,)
+    else:
+        order = (_DECODE_T32,)
+    pairs = [q for p in order for q in (p, (p[1], p[1]), (p[0], p[0]))]
+    return next((p for p in pairs if all(c.fits(hidden, inter) for c in p)), None)
 
 
 def pick_decode(rows_per_expert: float, hidden: int, inter: int, device: torch.device) -> tuple[DecodeConfig, DecodeConfig] | None:
@@ -192,7 +212,8 @@ DECODE_CANDIDATES: tuple[tuple[DecodeConfig, DecodeConfig], ...] = tuple(
                              (16, 2, 128, 4, 0), (16, 2, 128, 4, 1), (16, 2, 128, 8, 0),
                              (8, 1, 256, 4, 0), (8, 1, 256, 8, 1), (16, 1, 256, 8, 0), (16, 1, 256, 4, 0),
                              (32, 1, 128, 4, 0), (32, 1, 128, 8, 0), (32, 2, 64, 4, 0), (32, 2, 128, 4, 0),
-                             (32, 1, 64, 8, 0), (32, 1, 128, 4, 1), (32, 1, 256, 8, 0), (32, 2, 64, 8, 0))
+                             (32, 1, 64, 8, 0), (32, 1, 128, 4, 1), (32, 1, 256, 8, 0), (32, 2, 64, 8, 0),
+                             (8, 2, 256, 4, 0), (16, 2, 128, 2, 0))
 )
 # Diagnostics for --sweep --diag (WRONG numbers, never selected): same loads and MMAs, no dequant.
 DIAG = (_t(16, 64, 256, 4, 3, deq=9), _t(128, 64, 64, 4, 3, deq=9))

@@ -36,10 +36,10 @@ def test_registration_and_arch_verdicts():
 
 
 def test_pick_decode_tiles(monkeypatch):
-    """Decode tiles (CPU: the sm90 answer with the capability query patched): L1 and L2 tiles of
-    their own at <= 8 rows/expert on DSV4 shapes, the L2 tile for both where hidden does not divide
-    into the L1 tile, one shared 16-token tile at 9-16, a 32-token one at 17-32, and none past 32
-    rows, off sm90 or on CPU tensors."""
+    """Decode tiles (CPU: the sm90 answer with the capability query patched): below 2 rows/expert an
+    L1 and an L2 tile of their own, from 2 to 6 one shared 8-token tile of 2 m-tiles x BK=256, from
+    over 6 to 16 a 16-token pair (L1 on 2 warps, L2 on 4), a 32-token one at 17-32, and none past 32
+    rows, off sm90 or on CPU tensors; shapes that do not divide into a tile get the next that fits."""
     pytest.importorskip("triton.experimental.gluon")
     from nvfp4stack.kernels.moe import triton_w4a16 as tw
 
@@ -49,14 +49,20 @@ def test_pick_decode_tiles(monkeypatch):
         l1, l2 = tw.pick_decode(1, hidden, inter, cuda)
         assert (l1.block_t, l2.block_t) == (8, 8) and l1 != l2
         assert (l1.num_warps, l1.mrep, l1.block_k) == (8, 1, 256)
-        assert tw.pick_decode(8, hidden, inter, cuda) == (l1, l2)
-        t16 = tw.pick_decode(16, hidden, inter, cuda)
-        assert t16[0] == t16[1] and t16[0].block_t == 16
+        assert tw.pick_decode(1.99, hidden, inter, cuda) == (l1, l2)
+        t8 = tw.pick_decode(2, hidden, inter, cuda)
+        assert t8[0] == t8[1] and (t8[0].block_t, t8[0].mrep, t8[0].block_k, t8[0].num_warps) == (8, 2, 256, 4)
+        assert tw.pick_decode(6, hidden, inter, cuda) == t8
+        t16 = tw.pick_decode(6.01, hidden, inter, cuda)
+        assert (t16[0].block_t, t16[1].block_t) == (16, 16) and (t16[0].num_warps, t16[1].num_warps) == (2, 4)
+        assert tw.pick_decode(16, hidden, inter, cuda) == t16
         t32 = tw.pick_decode(17, hidden, inter, cuda)
         assert t32[0] == t32[1] and (t32[0].block_t, t32[0].mrep, t32[0].block_k) == (32, 2, 64)
         assert tw.pick_decode(32, hidden, inter, cuda) == t32
         assert tw.pick_decode(32.1, hidden, inter, cuda) is None
         assert tw.pick_config(32.1)[0].block_m == 64  # one 64-row Triton block from 33 rows
+    t8 = tw.pick_decode(4, 1152, 640, cuda)  # 640 % 256 != 0: an 8-token tile with BK=128
+    assert t8[0].block_t == 8 and all(c.block_k == 128 for c in t8)
     l1, l2 = tw.pick_decode(1, 1152, 640, cuda)  # 1152 % 256 != 0: the L1 tile does not fit
     assert l1 == l2 and l1.block_k == 128
     assert tw.pick_decode(1, 2880, 2880, cuda) is None  # 2880 is no multiple of either BK (128, 256)
@@ -139,7 +145,7 @@ def test_decode_kernel_every_config_ragged():
     # one expert takes most (several token blocks of it), two experts none, partial last blocks
     prob = _problem(g, experts=8, hidden=1024, inter=512, tokens=37, top_k=6)
     failures = []
-    picked = [pick_decode(r, 1024, 512, torch.device("cuda")) for r in (1, 16, 32)]
+    picked = [pick_decode(r, 1024, 512, torch.device("cuda")) for r in (1, 4, 8, 16, 32)]
     for cfg in DECODE_CANDIDATES + tuple(p for p in picked if p is not None):
         if not (cfg[0].fits(1024, 512) and cfg[1].fits(1024, 512)):
             continue

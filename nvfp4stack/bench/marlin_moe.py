@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import torch
 
 from nvfp4stack.formats.nvfp4 import Nvfp4Tensor
-from nvfp4stack.kernels.moe.triton_w4a16 import _global_scale_per_expert  # [E] fp32, checked
+from nvfp4stack.kernels.moe.hopper_w4a16.fused_moe import _global_scale_per_expert  # [E] fp32, checked
 
 
 def available() -> tuple[bool, str]:

@@ -50,7 +50,7 @@ def moe_forward_op(x: torch.Tensor, w13_data: torch.Tensor, w13_scale: torch.Ten
     w2 = Nvfp4Tensor(w2_data, w2_scale, w2_gs, (e, h_half * 2, two_i // 2))
     extra = {}
     if fp8_w13 is not None:
-        from nvfp4stack.kernels.moe.fp8_prefill import Fp8ExpertWeights
+        from nvfp4stack.kernels.moe.hopper_w4a16.fp8_prefill import Fp8ExpertWeights
 
         extra = {"mode": "auto", "fp8_weights": Fp8ExpertWeights(fp8_w13, fp8_w13_scale, fp8_w2, fp8_w2_scale)}
     with triton_jit_hook_suspended():  # vLLM 0.26's JIT monitor cannot serialize Gluon layouts
@@ -119,7 +119,7 @@ class Nvfp4StackModelOptMoE(ModelOptNvFp4FusedMoE):
                                      f"{s.tolist()}; the checkpoint lacks input scales: serve it as "
                                      "nvfp4_w4a16 or re-calibrate")
         if self.fp8_prefill:
-            from nvfp4stack.kernels.moe.fp8_prefill import prepare_fp8_experts
+            from nvfp4stack.kernels.moe.hopper_w4a16.fp8_prefill import prepare_fp8_experts
 
             self.fp8 = prepare_fp8_experts(self.w13, self.w2)  # +1 byte/weight, once
         limit = getattr(layer, "swiglu_limit", None)

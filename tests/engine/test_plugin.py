@@ -152,7 +152,7 @@ class FakeExpertsLayer(torch.nn.Module):
 def test_moe_method_runs_planned_backend_on_packed_weights(registered):
     from nvfp4stack.engine.moe_method import Nvfp4StackModelOptMoE
     from nvfp4stack.formats.nvfp4 import quantize_nvfp4
-    from nvfp4stack.kernels.moe.torch_emulation import nvfp4_moe_forward
+    from nvfp4stack.kernels.moe.hopper_w4a16.torch_twin import nvfp4_moe_forward
     from nvfp4stack.schemes import Scheme
 
     seed = random.randrange(2**31)
@@ -193,7 +193,7 @@ def test_moe_method_fp8_prefill_builds_the_copy_once_and_hands_it_to_the_backend
     from nvfp4stack.engine.moe_method import Nvfp4StackModelOptMoE
     from nvfp4stack.formats.nvfp4 import quantize_nvfp4
     from nvfp4stack.kernels.base import MOE_BACKENDS, KernelBackend
-    from nvfp4stack.kernels.moe.fp8_prefill import fp8_moe_forward_emulated, prepare_fp8_experts
+    from nvfp4stack.kernels.moe.hopper_w4a16.fp8_prefill import fp8_moe_forward_emulated, prepare_fp8_experts
     from nvfp4stack.schemes import Scheme
 
     seen = {}

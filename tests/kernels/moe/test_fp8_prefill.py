@@ -18,8 +18,8 @@ import torch
 
 from nvfp4stack.formats.fp8_block import quantize_fp8_block
 from nvfp4stack.formats.nvfp4 import quantize_nvfp4
-from nvfp4stack.kernels.moe import fp8_prefill as fp
-from nvfp4stack.kernels.moe.torch_emulation import dequantize_expert, nvfp4_moe_forward
+from nvfp4stack.kernels.moe.hopper_w4a16 import fp8_prefill as fp
+from nvfp4stack.kernels.moe.hopper_w4a16.torch_twin import dequantize_expert, nvfp4_moe_forward
 
 FP8_TOL = 8e-2
 TWIN_TOL = 1e-2
@@ -117,7 +117,7 @@ def test_fp8_path_plumbing_on_cpu(tokens, top_k):
 @pytest.mark.parametrize("tokens", [5, 700, 3000])
 def test_fp8_mode_on_gpu(tokens):
     """torch._scaled_grouped_mm path vs its twin and vs the NVFP4 fp32 reference (DSV4 Flash dims)."""
-    from nvfp4stack.kernels.moe.triton_w4a16 import nvfp4_moe_forward_triton
+    from nvfp4stack.kernels.moe.hopper_w4a16.fused_moe import nvfp4_moe_forward_triton
 
     g = _gen("cuda")
     x, w13, w2, wts, ids = _problem(g, 16, 4096, 2048, tokens, 6, device="cuda")

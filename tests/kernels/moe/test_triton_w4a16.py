@@ -19,7 +19,7 @@ LIMIT = 10.0
 def test_registration_and_arch_verdicts():
     import sys
 
-    import nvfp4stack.kernels.moe.triton_w4a16  # noqa: F401  (registers the backend)
+    import nvfp4stack.kernels.moe.hopper_w4a16.fused_moe  # noqa: F401  (registers the backend)
 
     be = MOE_BACKENDS.get("triton_w4a16")
     assert be.kind == "moe" and be.provider == "nvfp4stack"
@@ -32,7 +32,7 @@ def test_registration_and_arch_verdicts():
     assert not be.can_implement(Scheme.FP8_BLOCK)[0]
     if not torch.cuda.is_available():
         # CPU hosts import the module for registration only: Triton must not come with it
-        assert "nvfp4stack.kernels.moe._triton_w4a16_kernels" not in sys.modules
+        assert "nvfp4stack.kernels.moe.hopper_w4a16._triton_kernels" not in sys.modules
 
 
 def test_pick_decode_tiles(monkeypatch):
@@ -41,7 +41,7 @@ def test_pick_decode_tiles(monkeypatch):
     into the L1 tile, one shared 16-token tile at 9-16, a 32-token one at 17-32, and none past 32
     rows, off sm90 or on CPU tensors."""
     pytest.importorskip("triton.experimental.gluon")
-    from nvfp4stack.kernels.moe import triton_w4a16 as tw
+    from nvfp4stack.kernels.moe.hopper_w4a16 import fused_moe as tw
 
     cuda = torch.device("cuda")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *_: (9, 0))
@@ -94,8 +94,8 @@ def _rel(a, b) -> float:
 
 
 def _check(x, w13, w2, wts, ids, config=None, label=""):
-    from nvfp4stack.kernels.moe.torch_emulation import nvfp4_moe_forward
-    from nvfp4stack.kernels.moe.triton_w4a16 import nvfp4_moe_forward_triton
+    from nvfp4stack.kernels.moe.hopper_w4a16.torch_twin import nvfp4_moe_forward
+    from nvfp4stack.kernels.moe.hopper_w4a16.fused_moe import nvfp4_moe_forward_triton
 
     ref = nvfp4_moe_forward(x.float(), w13, w2, wts, ids, swiglu_limit=LIMIT)
     out = nvfp4_moe_forward_triton(x, w13, w2, wts, ids, swiglu_limit=LIMIT, config=config, poison=True)
@@ -112,7 +112,7 @@ def _check(x, w13, w2, wts, ids, config=None, label=""):
 @gpu
 @pytest.mark.gpu
 def test_every_tile_config_small_ragged():
-    from nvfp4stack.kernels.moe.triton_w4a16 import CANDIDATES, pick_config
+    from nvfp4stack.kernels.moe.hopper_w4a16.fused_moe import CANDIDATES, pick_config
 
     g = _gen("cuda")
     # I=192: N tail inside 128/256-wide tiles and K=192 forces 64-wide K tiles in L2;
@@ -132,7 +132,7 @@ def test_every_tile_config_small_ragged():
 @pytest.mark.gpu
 def test_decode_kernel_every_config_ragged():
     """Gluon decode kernels (weights as the mma.sync M side): every candidate tile, ragged routing."""
-    from nvfp4stack.kernels.moe.triton_w4a16 import DECODE_CANDIDATES, pick_decode
+    from nvfp4stack.kernels.moe.hopper_w4a16.fused_moe import DECODE_CANDIDATES, pick_decode
 
     g = _gen("cuda")
     # hidden 1024 / inter 512: 1-4 K steps, fewer than some pipelines' depth; 37 tokens x 6 slots:
@@ -164,8 +164,8 @@ def test_dsv4_flash_shape_heuristic(tokens):
 @pytest.mark.gpu
 def test_clamp_is_exercised_and_matches():
     """Same data with and without the limit must differ, and both match the twin."""
-    from nvfp4stack.kernels.moe.torch_emulation import nvfp4_moe_forward
-    from nvfp4stack.kernels.moe.triton_w4a16 import nvfp4_moe_forward_triton
+    from nvfp4stack.kernels.moe.hopper_w4a16.torch_twin import nvfp4_moe_forward
+    from nvfp4stack.kernels.moe.hopper_w4a16.fused_moe import nvfp4_moe_forward_triton
 
     g = _gen("cuda")
     x, w13, w2, wts, ids = _problem(g, experts=4, hidden=128, inter=64, tokens=40, top_k=2)
@@ -179,7 +179,7 @@ def test_clamp_is_exercised_and_matches():
 @gpu
 @pytest.mark.gpu
 def test_zero_tokens():
-    from nvfp4stack.kernels.moe.triton_w4a16 import nvfp4_moe_forward_triton
+    from nvfp4stack.kernels.moe.hopper_w4a16.fused_moe import nvfp4_moe_forward_triton
 
     g = _gen("cuda")
     x, w13, w2, wts, ids = _problem(g, experts=4, hidden=128, inter=64, tokens=0, top_k=2)

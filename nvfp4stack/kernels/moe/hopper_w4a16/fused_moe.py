@@ -6,7 +6,7 @@ Two launches over expert-aligned token blocks (routing.py):
 Weights stay packed; tiles are dequantized in registers. Triton is imported only when the
 kernel runs, so CPU hosts can import this module to register the backend.
 Decode loads (<= 32 routed rows per expert) on sm90 run the Gluon kernels of
-_w4a16_decode_gluon.py instead (weights as the mma.sync M side, operands built in registers, no
+_decode_gluon.py instead (weights as the mma.sync M side, operands built in registers, no
 shared memory); routing alignment is one Triton launch (routing_triton.py) up to 8192 slots.
 Prefill-heavy calls can instead run the FP8 tensor-core mode (fp8_prefill.py, ``mode``/``fp8_weights``).
 """
@@ -19,13 +19,13 @@ import torch
 
 from nvfp4stack.arch import Arch
 from nvfp4stack.kernels.base import MOE_BACKENDS, KernelBackend, Verdict
-from nvfp4stack.kernels.moe.routing_triton import align_routing
-from nvfp4stack.kernels.moe.torch_emulation import check_moe_args
+from nvfp4stack.kernels.moe.hopper_w4a16.routing_triton import align_routing
+from nvfp4stack.kernels.moe.hopper_w4a16.torch_twin import check_moe_args
 from nvfp4stack.schemes import Scheme
 
 if TYPE_CHECKING:
     from nvfp4stack.formats.nvfp4 import Nvfp4Tensor
-    from nvfp4stack.kernels.moe.fp8_prefill import Fp8ExpertWeights
+    from nvfp4stack.kernels.moe.hopper_w4a16.fp8_prefill import Fp8ExpertWeights
 
 _SUPPORTED_SM = (80, 89, 90, 100, 103, 120)
 
@@ -65,7 +65,7 @@ class TileConfig:
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """Tile of the Gluon decode kernels (_w4a16_decode_gluon.py): weights as the mma.sync M side.
+    """Tile of the Gluon decode kernels (_decode_gluon.py): weights as the mma.sync M side.
 
     ``block_t`` tokens per routing block (the MMA's N: 8, 16 or 32), ``mrep`` 16-row MMA tiles per
     warp, so one program covers ``rows = 16 * num_warps * mrep`` weight rows (L1: rows/2 gate
@@ -226,7 +226,7 @@ def nvfp4_moe_forward_triton(
     mode: str = "auto",
     fp8_weights: "Fp8ExpertWeights | None" = None,
 ) -> torch.Tensor:
-    """Same function as torch_emulation.nvfp4_moe_forward with bf16 activations.
+    """Same function as torch_twin.nvfp4_moe_forward with bf16 activations.
 
     a13_scale / a2_scale are accepted and ignored: this path is weight-only, activations stay bf16.
     ``config`` overrides the (L1, L2) tile heuristic (benchmark sweeps): TileConfig pairs run
@@ -236,7 +236,7 @@ def nvfp4_moe_forward_triton(
     fp8_prefill.prepare_fp8_experts) or 'auto' (fp8 from FP8_MIN_ROWS_PER_EXPERT routed rows per
     expert when ``fp8_weights`` is given, else w4a16).
     """
-    from nvfp4stack.kernels.moe import fp8_prefill
+    from nvfp4stack.kernels.moe.hopper_w4a16 import fp8_prefill
 
     num_experts, inter, hidden = check_moe_args(x, w13, w2, topk_weights, topk_ids, activation)
     if x.device.type != "cuda":
@@ -285,7 +285,7 @@ def nvfp4_moe_forward_triton(
         _launch_decode(cfg1, cfg2, l1_args, l2_args, routing.max_blocks, inter, hidden, limit, has_limit)
         return _topk_sum(rows, tokens, top_k, hidden, out_dtype)
 
-    from nvfp4stack.kernels.moe._triton_w4a16_kernels import l1_swiglu_kernel, l2_combine_kernel
+    from nvfp4stack.kernels.moe.hopper_w4a16._triton_kernels import l1_swiglu_kernel, l2_combine_kernel
 
     grid1 = (routing.max_blocks * triton_cdiv(inter, cfg1.block_n),)
     l1_swiglu_kernel[grid1](*l1_args, routing.max_blocks, limit, HAS_LIMIT=has_limit, **cfg1.launch_args(hidden))
@@ -301,7 +301,7 @@ def _weight_args(data: torch.Tensor, scale: torch.Tensor, global_scale: torch.Te
 
 def _topk_sum(rows: torch.Tensor, tokens: int, top_k: int, hidden: int, out_dtype) -> torch.Tensor:
     """Top-k combine in fp32 (like vLLM's moe_sum), one launch."""
-    from nvfp4stack.kernels.moe._triton_w4a16_kernels import topk_sum_kernel
+    from nvfp4stack.kernels.moe.hopper_w4a16._triton_kernels import topk_sum_kernel
 
     out = torch.empty((tokens, hidden), dtype=out_dtype, device=rows.device)
     block = 1024
@@ -311,7 +311,7 @@ def _topk_sum(rows: torch.Tensor, tokens: int, top_k: int, hidden: int, out_dtyp
 
 def _launch_decode(cfg1, cfg2, l1_args: tuple, l2_args: tuple, nblocks: int, inter: int, hidden: int,
                    limit: float, has_limit: bool) -> None:
-    from nvfp4stack.kernels.moe import _w4a16_decode_gluon as dg
+    from nvfp4stack.kernels.moe.hopper_w4a16 import _decode_gluon as dg
 
     def layouts(c: DecodeConfig) -> dict:
         mma, w_bytes, w_blocks, x_l, extra = dg.decode_layouts(c.num_warps, c.mrep, c.block_t, c.block_k, c.prefetch)
@@ -338,7 +338,7 @@ class TritonW4A16Moe(KernelBackend):
 
     @classmethod
     def warm_up_moe(cls, w13, w2, *, top_k, max_tokens, swiglu_limit, fp8_weights=None) -> list[int]:
-        from nvfp4stack.kernels.moe.warmup import warm_up
+        from nvfp4stack.kernels.moe.hopper_w4a16.warmup import warm_up
 
         return warm_up(w13, w2, top_k, max_tokens, swiglu_limit=swiglu_limit, fp8_weights=fp8_weights)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from nvfp4stack.kernels.moe.routing import AlignedRouting, align_by_expert, max_padded_slots
+from nvfp4stack.kernels.moe.hopper_w4a16.routing import AlignedRouting, align_by_expert, max_padded_slots
 
 MAX_SLOTS = 8192
 
@@ -21,7 +21,7 @@ def _kernel():
     import triton
     import triton.language as tl
 
-    # per-call sizes are not specialized (one binary per BM): see _triton_w4a16_kernels._PER_CALL
+    # per-call sizes are not specialized (one binary per BM): see _triton_kernels._PER_CALL
     @triton.jit(do_not_specialize=["num_slots", "max_padded", "max_blocks"])
     def align_kernel(
         ids_ptr, num_slots, num_experts,

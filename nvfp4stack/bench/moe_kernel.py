@@ -66,10 +66,10 @@ def dequant_all(w, dtype=torch.bfloat16) -> torch.Tensor:
 
 
 def _bf16_pipeline(x_sorted, w13t, w2t, offs, limit):
-    from nvfp4stack.kernels.moe.hopper_w4a16.torch_twin import swiglu_dsv4
+    from nvfp4stack.kernels.moe.hopper_w4a16.torch_twin import clamped_swiglu
 
     h = torch._grouped_mm(x_sorted, w13t, offs=offs)
-    h = swiglu_dsv4(h, limit)
+    h = clamped_swiglu(h, limit)
     return torch._grouped_mm(h, w2t, offs=offs)
 
 

@@ -136,7 +136,7 @@ def test_backend_registration():
     be = MOE_BACKENDS.get("torch_emulation")
     assert be.kind == "moe" and be.provider == "nvfp4stack"
     for arch in KNOWN_ARCHS.values():
-        ok, reason = be.is_supported(arch)
+        ok, reason = be.is_supported(arch, Scheme.NVFP4)
         assert ok and "any device" in reason
     assert be.can_implement(Scheme.NVFP4)[0] and be.can_implement(Scheme.NVFP4_W4A16)[0]
     assert be.can_implement(Scheme.MXFP4)[0]

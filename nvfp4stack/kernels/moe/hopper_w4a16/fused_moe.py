@@ -1,10 +1,10 @@
-"""``triton_w4a16`` MoE backend: fused NVFP4 weight-only expert MLP in Triton (Hopper and later).
+"""Fused NVFP4 weight-only expert MLP in Triton (sm80 to sm120): the ``triton_w4a16`` backend's kernel.
 
 Two launches over expert-aligned token blocks (routing.py):
-  L1  x[T,H] @ w13[e]^T -> DeepSeek-V4 clamped SwiGLU -> h[slots, I]   (bf16, sorted-slot order)
+  L1  x[T,H] @ w13[e]^T -> clamped SwiGLU (swiglu_limit) -> h[slots, I]   (bf16, sorted-slot order)
   L2  h @ w2[e]^T * routing weight -> rows[T*k, H]; top-k rows summed per token.
 Weights stay packed; tiles are dequantized in registers. Triton is imported only when the
-kernel runs, so CPU hosts can import this module to register the backend.
+kernel runs, so CPU hosts can import this module (tile heuristics, tests, benchmarks).
 Decode loads (<= 32 routed rows per expert) on sm90 run the Gluon kernels of
 _decode_gluon.py instead (weights as the mma.sync M side, operands built in registers, no
 shared memory); routing alignment is one Triton launch (routing_triton.py) up to 8192 slots.
@@ -17,17 +17,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from nvfp4stack.arch import Arch
-from nvfp4stack.kernels.base import MOE_BACKENDS, KernelBackend, Verdict
 from nvfp4stack.kernels.moe.hopper_w4a16.routing_triton import align_routing
 from nvfp4stack.kernels.moe.hopper_w4a16.torch_twin import check_moe_args
-from nvfp4stack.schemes import Scheme
 
 if TYPE_CHECKING:
     from nvfp4stack.formats.nvfp4 import Nvfp4Tensor
     from nvfp4stack.kernels.moe.hopper_w4a16.fp8_prefill import Fp8ExpertWeights
-
-_SUPPORTED_SM = (80, 89, 90, 100, 103, 120)
 
 
 @dataclass(frozen=True)
@@ -198,7 +193,8 @@ DECODE_CANDIDATES: tuple[tuple[DecodeConfig, DecodeConfig], ...] = tuple(
 DIAG = (_t(16, 64, 256, 4, 3, deq=9), _t(128, 64, 64, 4, 3, deq=9))
 
 
-def _global_scale_per_expert(t: "Nvfp4Tensor", num_experts: int, name: str) -> torch.Tensor:
+def global_scale_per_expert(t: "Nvfp4Tensor", num_experts: int, name: str) -> torch.Tensor:
+    """A stacked NVFP4 weight's global scale as fp32 [E] (one shared value broadcast), checked."""
     gs = t.global_scale.to(torch.float32).reshape(-1)
     if gs.numel() == 1:
         gs = gs.expand(num_experts)
@@ -266,8 +262,8 @@ def nvfp4_moe_forward_triton(
     routing = align_routing(topk_ids, num_experts, cfg1.block_m)
     w13_data, w13_scale = w13.data.contiguous(), w13.scale.contiguous().view(torch.uint8)
     w2_data, w2_scale = w2.data.contiguous(), w2.scale.contiguous().view(torch.uint8)
-    gs13 = _global_scale_per_expert(w13, num_experts, "w13")
-    gs2 = _global_scale_per_expert(w2, num_experts, "w2")
+    gs13 = global_scale_per_expert(w13, num_experts, "w13")
+    gs2 = global_scale_per_expert(w2, num_experts, "w2")
 
     scratch = torch.full if poison else (lambda size, _fill, **kw: torch.empty(size, **kw))
     inter_buf = scratch((routing.sorted_ids.numel(), inter), float("nan"), dtype=torch.bfloat16, device=x.device)
@@ -324,34 +320,3 @@ def _launch_decode(cfg1, cfg2, l1_args: tuple, l2_args: tuple, nblocks: int, int
 
 def triton_cdiv(a: int, b: int) -> int:
     return -(-a // b)
-
-
-@MOE_BACKENDS.register("triton_w4a16")
-class TritonW4A16Moe(KernelBackend):
-    """NVFP4 weights dequantized in registers, bf16 activations, fused DSV4 SwiGLU (Triton)."""
-
-    kind = "moe"
-    provider = "nvfp4stack"
-    schemes = (Scheme.NVFP4, Scheme.NVFP4_W4A16)
-
-    forward = staticmethod(nvfp4_moe_forward_triton)
-
-    @classmethod
-    def warm_up_moe(cls, w13, w2, *, top_k, max_tokens, swiglu_limit, fp8_weights=None) -> list[int]:
-        from nvfp4stack.kernels.moe.hopper_w4a16.warmup import warm_up
-
-        return warm_up(w13, w2, top_k, max_tokens, swiglu_limit=swiglu_limit, fp8_weights=fp8_weights)
-
-    @classmethod
-    def is_supported(cls, arch: Arch) -> Verdict:
-        if not arch.is_cuda:
-            return False, (
-                "triton_w4a16 needs a CUDA GPU (sm80, sm89, sm90, sm100, sm120) with Triton; "
-                f"arch {arch} has none: use torch_emulation on CPU"
-            )
-        if arch.sm not in _SUPPORTED_SM:
-            return False, f"triton_w4a16 is built and tested for sm{_SUPPORTED_SM}, not {arch}"
-        return True, (
-            "NVFP4 weights dequantized in registers, bf16 activations; NVFP4 (W4A4) checkpoints "
-            "are served weight-only here (activation input_scale unused)"
-        )

@@ -1,30 +1,28 @@
-"""``torch_emulation`` MoE backend: the NVFP4 (or MXFP4) expert MLP in plain torch (any device).
+"""The NVFP4 (or MXFP4) expert MLP in plain torch (any device): the twin of the fused kernels.
 
-It is the CPU serving path of the vLLM plugin and the oracle of every fast MoE kernel here.
-Weights stay packed; each expert that received tokens is dequantized on the fly in fp32, and all
-arithmetic is fp32 (the output is cast back to x.dtype once). MXFP4 experts (E2M1 + UE8M0 per
-32: DeepSeek-V4's release format, which its untouched MTP block keeps) run weight-only.
+It runs the ``torch_emulation`` backend (the CPU serving path of the vLLM plugin) and is the
+oracle of every fast MoE kernel here. Weights stay packed; each expert that received tokens is
+dequantized on the fly in fp32, and all arithmetic is fp32 (the output is cast back to x.dtype
+once). MXFP4 experts (E2M1 + UE8M0 per 32, as released checkpoints and their unquantized MTP
+blocks store them) run weight-only.
 """
 from __future__ import annotations
 
 import torch
 
-from nvfp4stack.arch import Arch
 from nvfp4stack.formats.mxfp4 import Mxfp4Tensor, dequantize_mxfp4
 from nvfp4stack.formats.nvfp4 import (
     Nvfp4Tensor,
     dequantize_nvfp4,
     fake_quantize_nvfp4_activation,
 )
-from nvfp4stack.kernels.base import MOE_BACKENDS, KernelBackend, Verdict
-from nvfp4stack.schemes import Scheme
 
 
-def swiglu_dsv4(gate_up: torch.Tensor, swiglu_limit: float | None) -> torch.Tensor:
-    """[.., 2I] -> [.., I]: silu(gate) * up with DeepSeek-V4's clamp.
+def clamped_swiglu(gate_up: torch.Tensor, swiglu_limit: float | None) -> torch.Tensor:
+    """[.., 2I] -> [.., I]: clamped SwiGLU (``swiglu_limit``), plain SwiGLU when it is None.
 
-    Same as transformers 5.19 ``DeepseekV4Experts._apply_gate`` (models/deepseek_v4/
-    modeling_deepseek_v4.py): gate.clamp(max=limit), up.clamp(-limit, limit), act(gate) * up.
+    gate.clamp(max=limit), up.clamp(-limit, limit), silu(gate) * up: the expert activation of
+    models whose config has ``swiglu_limit`` (transformers' ``_apply_gate`` of those experts).
     """
     gate, up = gate_up.chunk(2, dim=-1)
     if swiglu_limit is not None:
@@ -122,29 +120,10 @@ def nvfp4_moe_forward(
         a13 = _scale_of(a13_scale, expert)
         if a13 is not None:
             xe = fake_quantize_nvfp4_activation(xe, a13, dtype=torch.float32)
-        hmid = swiglu_dsv4(xe @ dequantize_expert(w13, expert).T, swiglu_limit)  # [n, I]
+        hmid = clamped_swiglu(xe @ dequantize_expert(w13, expert).T, swiglu_limit)  # [n, I]
         a2 = _scale_of(a2_scale, expert)
         if a2 is not None:
             hmid = fake_quantize_nvfp4_activation(hmid, a2, dtype=torch.float32)
         ye = hmid @ dequantize_expert(w2, expert).T  # [n, H]
         out.index_add_(0, tok, ye * flat_w[slots, None])
     return out.to(x.dtype)
-
-
-@MOE_BACKENDS.register("torch_emulation")
-class TorchEmulationMoe(KernelBackend):
-    """Pure-torch NVFP4 MoE (W4A4 or W4A16 emulation), MXFP4 weight-only: correct everywhere, slow."""
-
-    kind = "moe"
-    provider = "nvfp4stack"
-    schemes = (Scheme.NVFP4, Scheme.NVFP4_W4A16, Scheme.MXFP4)
-    # W4A4 is emulated (activations fake-quantized with the checkpoint's input scales), so it
-    # needs no FP4 tensor cores.
-    activation_fp4 = True
-    emulated = True
-
-    forward = staticmethod(nvfp4_moe_forward)
-
-    @classmethod
-    def is_supported(cls, arch: Arch) -> Verdict:
-        return True, "pure torch, any device; slow: for CPU serving, tests and fidelity"

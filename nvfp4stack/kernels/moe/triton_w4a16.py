@@ -1,0 +1,72 @@
+"""``triton_w4a16`` MoE backend: NVFP4 weights dequantized in registers, bf16 activations (hopper_w4a16/).
+
+Importing this module registers the backend and imports no Triton: the kernels load when
+``apply`` first runs, so CPU hosts plan with it.
+"""
+from __future__ import annotations
+
+import torch
+
+from nvfp4stack.arch import Arch
+from nvfp4stack.formats.nvfp4 import Nvfp4Tensor
+from nvfp4stack.kernels.base import MOE_BACKENDS, MoeBackend, MoeWeights, Verdict
+from nvfp4stack.kernels.moe.hopper_w4a16.packed import PackedExperts
+from nvfp4stack.schemes import Scheme
+
+_SUPPORTED_SM = (80, 89, 90, 100, 103, 120)
+
+
+@MOE_BACKENDS.register("triton_w4a16")
+class TritonW4A16Moe(MoeBackend):
+    """Fused NVFP4 weight-only expert MLP with clamped SwiGLU (Triton; Gluon decode on sm90)."""
+
+    provider = "nvfp4stack"
+    schemes = (Scheme.NVFP4, Scheme.NVFP4_W4A16)
+
+    @classmethod
+    def supports_arch(cls, arch: Arch) -> Verdict:
+        if not arch.is_cuda:
+            return False, (
+                "triton_w4a16 needs a CUDA GPU (sm80, sm89, sm90, sm100, sm120) with Triton; "
+                f"arch {arch} has none: use torch_emulation on CPU"
+            )
+        if arch.sm not in _SUPPORTED_SM:
+            return False, f"triton_w4a16 is built and tested for sm{_SUPPORTED_SM}, not {arch}"
+        return True, (
+            "NVFP4 weights dequantized in registers, bf16 activations; NVFP4 (W4A4) checkpoints "
+            "are served weight-only here (activation input_scale unused)"
+        )
+
+    @classmethod
+    def prepare(cls, weights: MoeWeights, *, fp8_prefill: bool = False) -> PackedExperts:
+        """The packed NVFP4 experts as they are; with ``fp8_prefill`` also their FP8 row-scaled
+        copy (+1 byte per weight, built once), which ``apply`` uses from 64 routed rows per expert."""
+        for name in ("w13", "w2"):
+            w = getattr(weights, name)
+            if not isinstance(w, Nvfp4Tensor):
+                raise ValueError(f"triton_w4a16: {name} is {type(w).__name__}, expected Nvfp4Tensor; "
+                                 "MXFP4 experts run on torch_emulation or a vLLM backend (marlin)")
+        if not fp8_prefill:
+            return PackedExperts(weights)
+        from nvfp4stack.kernels.moe.hopper_w4a16.fp8_prefill import prepare_fp8_experts
+
+        return PackedExperts(weights, prepare_fp8_experts(weights.w13, weights.w2))
+
+    @classmethod
+    def apply(cls, prepared: PackedExperts, x: torch.Tensor, topk_weights: torch.Tensor,
+              topk_ids: torch.Tensor, *, swiglu_limit: float | None = None,
+              activation: str = "silu") -> torch.Tensor:
+        """'auto' mode: FP8 prefill where ``prepared`` has the copy and the load is large, else W4A16."""
+        from nvfp4stack.kernels.moe.hopper_w4a16.fused_moe import nvfp4_moe_forward_triton
+
+        w = prepared.weights
+        return nvfp4_moe_forward_triton(x, w.w13, w.w2, topk_weights, topk_ids, swiglu_limit=swiglu_limit,
+                                        activation=activation, mode="auto", fp8_weights=prepared.fp8)
+
+    @classmethod
+    def warm_up(cls, prepared: PackedExperts, *, top_k: int, max_tokens: int,
+                swiglu_limit: float | None) -> list[int]:
+        from nvfp4stack.kernels.moe.hopper_w4a16.warmup import warm_up
+
+        w = prepared.weights
+        return warm_up(w.w13, w.w2, top_k, max_tokens, swiglu_limit=swiglu_limit, fp8_weights=prepared.fp8)

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import torch
 
 from nvfp4stack.formats.nvfp4 import Nvfp4Tensor
-from nvfp4stack.kernels.moe.triton_w4a16 import _global_scale_per_expert  # [E] fp32, checked
+from nvfp4stack.kernels.moe.hopper_w4a16.fused_moe import global_scale_per_expert  # [E] fp32, checked
 
 
 def available() -> tuple[bool, str]:
@@ -66,9 +66,9 @@ def prepare(w13: Nvfp4Tensor, w2: Nvfp4Tensor) -> MarlinExperts:
     out = prepare_nvfp4_moe_layer_for_marlin(
         layer, is_act_and_mul=True,
         w13=w13.data.contiguous(), w13_scale=w13.scale.contiguous(),
-        w13_scale_2=_global_scale_per_expert(w13, experts, "w13"),
+        w13_scale_2=global_scale_per_expert(w13, experts, "w13"),
         w2=w2.data.contiguous(), w2_scale=w2.scale.contiguous(),
-        w2_scale_2=_global_scale_per_expert(w2, experts, "w2"),
+        w2_scale_2=global_scale_per_expert(w2, experts, "w2"),
     )
     return MarlinExperts(*out, workspace=layer.workspace)
 

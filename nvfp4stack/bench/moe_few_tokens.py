@@ -24,7 +24,7 @@ import torch
 from nvfp4stack.bench import marlin_moe
 from nvfp4stack.bench.cold_l2 import cold_time_us, flush_buffer
 from nvfp4stack.bench.moe_kernel import SHAPES, _bf16_pipeline, _short, _time_ms, dequant_all, random_nvfp4_experts
-from nvfp4stack.kernels.moe.torch_emulation import nvfp4_moe_forward
+from nvfp4stack.kernels.moe.hopper_w4a16.torch_twin import nvfp4_moe_forward
 
 
 def routing(tokens: int, experts: int, top_k: int, kind: str, gen: torch.Generator, device) -> torch.Tensor:
@@ -68,7 +68,7 @@ def token_counts(tokens: str, rows: str | None, experts: int, top_k: int) -> lis
 
 
 def main(argv: list[str] | None = None) -> int:
-    from nvfp4stack.kernels.moe import triton_w4a16 as tw
+    from nvfp4stack.kernels.moe.hopper_w4a16 import fused_moe as tw
 
     a = parser().parse_args(argv)
     if not torch.cuda.is_available():

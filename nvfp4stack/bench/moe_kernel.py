@@ -60,16 +60,16 @@ def balanced_routing(experts: int, per_expert: int, top_k: int, device, gen):
 
 
 def dequant_all(w, dtype=torch.bfloat16) -> torch.Tensor:
-    from nvfp4stack.kernels.moe.torch_emulation import dequantize_expert
+    from nvfp4stack.kernels.moe.hopper_w4a16.torch_twin import dequantize_expert
 
     return torch.stack([dequantize_expert(w, i).to(dtype) for i in range(w.shape[0])])
 
 
 def _bf16_pipeline(x_sorted, w13t, w2t, offs, limit):
-    from nvfp4stack.kernels.moe.torch_emulation import swiglu_dsv4
+    from nvfp4stack.kernels.moe.hopper_w4a16.torch_twin import clamped_swiglu
 
     h = torch._grouped_mm(x_sorted, w13t, offs=offs)
-    h = swiglu_dsv4(h, limit)
+    h = clamped_swiglu(h, limit)
     return torch._grouped_mm(h, w2t, offs=offs)
 
 
@@ -95,8 +95,8 @@ def _short(pair) -> str:
 def bench_shape(args: MoeKernelBench, name: str, log) -> list[dict]:
     import triton.testing as tt
 
-    from nvfp4stack.kernels.moe import fp8_prefill as fp
-    from nvfp4stack.kernels.moe import triton_w4a16 as tw
+    from nvfp4stack.kernels.moe.hopper_w4a16 import fp8_prefill as fp
+    from nvfp4stack.kernels.moe.hopper_w4a16 import fused_moe as tw
 
     hidden, inter = SHAPES[name]
     dev = torch.device("cuda")
@@ -218,7 +218,7 @@ def bench_shape(args: MoeKernelBench, name: str, log) -> list[dict]:
 
 
 def _fp8_threshold() -> int:
-    from nvfp4stack.kernels.moe.fp8_prefill import FP8_MIN_ROWS_PER_EXPERT
+    from nvfp4stack.kernels.moe.hopper_w4a16.fp8_prefill import FP8_MIN_ROWS_PER_EXPERT
 
     return FP8_MIN_ROWS_PER_EXPERT
 

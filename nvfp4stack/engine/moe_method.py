@@ -4,8 +4,8 @@ It subclasses vLLM's ``ModelOptNvFp4FusedMoE`` only to inherit its parameter lay
 (``create_weights``), so checkpoint loading is vLLM's own code path: vLLM's FusedMoE weight
 loader special-cases quant methods whose class name contains "ModelOpt", hence the name. Backend
 selection (vLLM's oracle, which has no CPU NVFP4 kernel) and weight shuffling are skipped: the
-weights stay packed exactly as the checkpoint stores them and the backend's ``forward`` (same
-signature as ``nvfp4_moe_forward``) runs the experts.
+planned backend's ``prepare`` takes the packed experts exactly as the checkpoint stores them
+(views, no copy) and its ``apply`` runs them (kernels/base.py: MoeBackend).
 """
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from vllm.model_executor.layers.quantization.modelopt import ModelOptNvFp4FusedM
 
 from nvfp4stack.engine.compat import engine_token_budget, triton_jit_hook_suspended
 from nvfp4stack.formats.nvfp4 import Nvfp4Tensor
-from nvfp4stack.kernels.base import MOE_BACKENDS
+from nvfp4stack.kernels.base import MOE_BACKENDS, MoeWeights
+from nvfp4stack.kernels.moe.hopper_w4a16.packed import PackedExperts
 from nvfp4stack.schemes import Scheme
 
 
@@ -36,32 +37,25 @@ def _shared_scale(t: torch.Tensor, what: str, prefix: str) -> torch.Tensor:
 
 
 @torch.library.custom_op("nvfp4stack::moe_forward", mutates_args=())
-def moe_forward_op(x: torch.Tensor, w13_data: torch.Tensor, w13_scale: torch.Tensor, w13_gs: torch.Tensor,
+def moe_forward_op(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                   swiglu_limit: Optional[float], activation: str, kernel: str,
+                   w13_data: torch.Tensor, w13_scale: torch.Tensor, w13_gs: torch.Tensor,
                    w2_data: torch.Tensor, w2_scale: torch.Tensor, w2_gs: torch.Tensor,
-                   topk_weights: torch.Tensor, topk_ids: torch.Tensor, a13_scale: Optional[torch.Tensor],
-                   a2_scale: Optional[torch.Tensor], swiglu_limit: Optional[float], activation: str,
-                   kernel: str, fp8_w13: Optional[torch.Tensor] = None, fp8_w13_scale: Optional[torch.Tensor] = None,
-                   fp8_w2: Optional[torch.Tensor] = None, fp8_w2_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Opaque op around the backend: vLLM's torch.compile traces the model in one graph, and the
-    emulation's data-dependent loop (experts that received tokens) must not be traced. The ``fp8_*``
-    tensors (triton_w4a16's FP8 prefill copy) switch the backend to ``mode="auto"``."""
-    e, two_i, h_half = w13_data.shape
-    w13 = Nvfp4Tensor(w13_data, w13_scale, w13_gs, (e, two_i, h_half * 2))
-    w2 = Nvfp4Tensor(w2_data, w2_scale, w2_gs, (e, h_half * 2, two_i // 2))
-    extra = {}
-    if fp8_w13 is not None:
-        from nvfp4stack.kernels.moe.fp8_prefill import Fp8ExpertWeights
-
-        extra = {"mode": "auto", "fp8_weights": Fp8ExpertWeights(fp8_w13, fp8_w13_scale, fp8_w2, fp8_w2_scale)}
+                   a13_scale: Optional[torch.Tensor], a2_scale: Optional[torch.Tensor],
+                   fp8_w13: Optional[torch.Tensor], fp8_w13_scale: Optional[torch.Tensor],
+                   fp8_w2: Optional[torch.Tensor], fp8_w2_scale: Optional[torch.Tensor]) -> torch.Tensor:
+    """Opaque op around the backend's ``apply``: vLLM's torch.compile traces the model in one
+    graph, and the emulation's data-dependent loop (experts that received tokens) must not be
+    traced. The tensors are ``PackedExperts.op_tensors()``."""
+    prepared = PackedExperts.from_op_tensors(w13_data, w13_scale, w13_gs, w2_data, w2_scale, w2_gs,
+                                             a13_scale, a2_scale, fp8_w13, fp8_w13_scale, fp8_w2, fp8_w2_scale)
     with triton_jit_hook_suspended():  # vLLM 0.26's JIT monitor cannot serialize Gluon layouts
-        return MOE_BACKENDS.get(kernel).forward(x, w13, w2, topk_weights, topk_ids, swiglu_limit=swiglu_limit,
-                                                a13_scale=a13_scale, a2_scale=a2_scale, activation=activation,
-                                                **extra)
+        return MOE_BACKENDS.get(kernel).apply(prepared, x, topk_weights, topk_ids, swiglu_limit=swiglu_limit,
+                                              activation=activation)
 
 
 @moe_forward_op.register_fake
-def _(x, w13_data, w13_scale, w13_gs, w2_data, w2_scale, w2_gs, topk_weights, topk_ids, a13_scale,
-      a2_scale, swiglu_limit, activation, kernel, fp8_w13=None, fp8_w13_scale=None, fp8_w2=None, fp8_w2_scale=None):
+def _(x, topk_weights, topk_ids, swiglu_limit, activation, kernel, *tensors):
     return torch.empty_like(x)
 
 
@@ -77,7 +71,8 @@ class Nvfp4StackModelOptMoE(ModelOptNvFp4FusedMoE):
         self.scheme = scheme
         self.prefix = prefix
         self.fp8_prefill = fp8_prefill  # triton_w4a16: FP8 copy built at load, used from 64 rows/expert
-        self.fp8 = None
+        self.prepared: PackedExperts | None = None  # set by process_weights_after_loading
+        self.op_tensors: tuple = ()
         self.use_a16 = scheme is Scheme.NVFP4_W4A16
         self.per_token_activation = False
         self.use_global_sf = False
@@ -105,28 +100,29 @@ class Nvfp4StackModelOptMoE(ModelOptNvFp4FusedMoE):
         e, two_i, h_half = layer.w13_weight.shape
         h = h_half * 2
         # Views on the loaded parameters: the packed bytes are the only copy in memory.
-        self.w13 = Nvfp4Tensor(layer.w13_weight.data, layer.w13_weight_scale.data, w13_s2, (e, two_i, h))
-        self.w2 = Nvfp4Tensor(layer.w2_weight.data, layer.w2_weight_scale.data,
-                              layer.w2_weight_scale_2.data.float().contiguous(), (e, h, two_i // 2))
-        if self.use_a16:
-            self.a13_scale = self.a2_scale = None
-        else:
-            self.a13_scale = _shared_scale(layer.w13_input_scale.data, "input_scale", p)
-            self.a2_scale = layer.w2_input_scale.data.float().contiguous()
-            for name, s in (("w13_input_scale", self.a13_scale), ("w2_input_scale", self.a2_scale)):
+        w13 = Nvfp4Tensor(layer.w13_weight.data, layer.w13_weight_scale.data, w13_s2, (e, two_i, h))
+        w2 = Nvfp4Tensor(layer.w2_weight.data, layer.w2_weight_scale.data,
+                         layer.w2_weight_scale_2.data.float().contiguous(), (e, h, two_i // 2))
+        a13_scale = a2_scale = None
+        if not self.use_a16:
+            a13_scale = _shared_scale(layer.w13_input_scale.data, "input_scale", p)
+            a2_scale = layer.w2_input_scale.data.float().contiguous()
+            for name, s in (("w13_input_scale", a13_scale), ("w2_input_scale", a2_scale)):
                 if not (torch.isfinite(s).all() and (s > 0).all()):
                     raise ValueError(f"{p}.{name}: expected finite positive calibrated scales, found "
                                      f"{s.tolist()}; the checkpoint lacks input scales: serve it as "
                                      "nvfp4_w4a16 or re-calibrate")
-        if self.fp8_prefill:
-            from nvfp4stack.kernels.moe.fp8_prefill import prepare_fp8_experts
-
-            self.fp8 = prepare_fp8_experts(self.w13, self.w2)  # +1 byte/weight, once
+        backend = MOE_BACKENDS.get(self.kernel)
+        prepared = backend.prepare(MoeWeights(w13, w2, a13_scale, a2_scale), fp8_prefill=self.fp8_prefill)
+        if not isinstance(prepared, PackedExperts):
+            raise TypeError(f"{p}: backend {self.kernel} prepared a {type(prepared).__name__}; this method "
+                            "carries PackedExperts through its custom op: return one from prepare")
+        self.prepared = prepared
+        self.op_tensors = prepared.op_tensors()  # once: apply only passes them on
         limit = getattr(layer, "swiglu_limit", None)
         with triton_jit_hook_suspended():
-            MOE_BACKENDS.get(self.kernel).warm_up_moe(
-                self.w13, self.w2, top_k=self.moe.experts_per_token, max_tokens=engine_token_budget(),
-                swiglu_limit=None if limit is None else float(limit), fp8_weights=self.fp8)
+            backend.warm_up(prepared, top_k=self.moe.experts_per_token, max_tokens=engine_token_budget(),
+                            swiglu_limit=None if limit is None else float(limit))
 
     def apply(self, layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input):
         # Shared experts are run by vLLM's MoE runner (no internal modular kernel here).
@@ -138,10 +134,5 @@ class Nvfp4StackModelOptMoE(ModelOptNvFp4FusedMoE):
             topk_weights = torch.where(local < 0, torch.zeros_like(topk_weights), topk_weights)
             topk_ids = local.clamp(min=0)
         limit = getattr(layer, "swiglu_limit", None)
-        return moe_forward_op(
-            x, self.w13.data, self.w13.scale, self.w13.global_scale,
-            self.w2.data, self.w2.scale, self.w2.global_scale, topk_weights, topk_ids,
-            self.a13_scale, self.a2_scale, None if limit is None else float(limit),
-            layer.activation.value, self.kernel,
-            *((self.fp8.w13, self.fp8.w13_scale, self.fp8.w2, self.fp8.w2_scale) if self.fp8 is not None else ()),
-        )
+        return moe_forward_op(x, topk_weights, topk_ids, None if limit is None else float(limit),
+                              layer.activation.value, self.kernel, *self.op_tensors)

@@ -28,7 +28,7 @@ from nvfp4stack.eval.capture import Captures, expert_act_amax, experts_modules, 
 from nvfp4stack.eval.metrics import compare
 from nvfp4stack.eval.precision import EvalPrecision
 from nvfp4stack.formats.nvfp4 import GLOBAL_DIVISOR, fake_quantize_nvfp4_activation
-from nvfp4stack.kernels.moe.torch_emulation import dequantize_expert
+from nvfp4stack.kernels.moe.hopper_w4a16.torch_twin import dequantize_expert
 from nvfp4stack.models.reference import fake_quant_act
 from nvfp4stack.schemes import Scheme
 
@@ -70,10 +70,10 @@ def linear_metrics(model, caps: Captures, prec: EvalPrecision) -> dict[str, dict
 def _moe_kernel(moe_backend: str):
     """(name, forward) of the MoE kernel to run NVFP4 experts with on this host."""
     if moe_backend == "triton_w4a16" and torch.cuda.is_available():
-        from nvfp4stack.kernels.moe.triton_w4a16 import nvfp4_moe_forward_triton
+        from nvfp4stack.kernels.moe.hopper_w4a16.fused_moe import nvfp4_moe_forward_triton
 
         return "triton_w4a16", nvfp4_moe_forward_triton
-    from nvfp4stack.kernels.moe.torch_emulation import nvfp4_moe_forward
+    from nvfp4stack.kernels.moe.hopper_w4a16.torch_twin import nvfp4_moe_forward
 
     return "torch_emulation", nvfp4_moe_forward
 

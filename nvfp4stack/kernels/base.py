@@ -1,41 +1,54 @@
-"""Kernel backend contract: one backend per file, selected by name or by per-arch priority."""
+"""Kernel backend interface: one abstract base per kind of layer (MoE, linear), one backend per module.
+
+A backend answers ``is_supported(arch, scheme) -> (ok, reason)`` and runs a layer in two steps,
+as vLLM's ``FusedMoEMethodBase`` does (``process_weights_after_loading`` then ``apply``):
+``prepare`` puts the loaded weights into the kernel's layout once, ``apply`` runs the kernel on
+them. Backends whose kernels vLLM itself runs (``provider = "vllm"``) are declarations: they say
+which vLLM flag value selects them and refuse ``prepare``/``apply``.
+"""
 from __future__ import annotations
 
-from typing import ClassVar
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
 
 from nvfp4stack.arch import Arch
 from nvfp4stack.registry import Registry
 from nvfp4stack.schemes import Scheme
 
 Verdict = tuple[bool, str]
+PROVIDERS = ("vllm", "nvfp4stack")
+MXF4NVF4_ARCHS = ("sm100a", "sm103a")
+FP4_TENSOR_CORE_ARCHS = MXF4NVF4_ARCHS + ("sm120",)
 
 
-class KernelBackend:
-    """A way to run one kind of layer (``kind`` = 'moe' or 'linear').
+class KernelBackend(ABC):
+    """A way to run one kind of layer; subclasses are used as classes, never instantiated.
 
-    Subclasses answer two questions with ``(ok, reason)``; the reason is printed in plans and
-    errors, so it says what is needed, not just 'no'.
-    ``provider`` is 'vllm' for backends vLLM already has (selected through its own flags) and
-    'nvfp4stack' for the ones this package implements.
+    Every backend declares ``provider``: 'vllm' where vLLM runs the kernel (selected through its
+    own flags), 'nvfp4stack' where this package implements ``prepare``/``apply``. Reasons are
+    printed in plans and errors, so they say what is needed, not just 'no'.
     """
 
     name: ClassVar[str] = ""
-    kind: ClassVar[str] = ""
-    provider: ClassVar[str] = "vllm"
+    kind: ClassVar[str]
+    provider: ClassVar[str]  # no default: each backend says who runs it
     schemes: ClassVar[tuple[Scheme, ...]] = ()
-    vllm_moe_backend: ClassVar[str | None] = None  # value for vLLM's --moe-backend, if any
-    vllm_linear_backend: ClassVar[str | None] = None  # value for vLLM's --linear-backend, if any
     # True when the kernel quantizes activations to FP4 (W4A4): needs FP4 tensor cores unless
     # ``emulated``. Weight-only kernels run NVFP4 checkpoints with bf16 activations.
     activation_fp4: ClassVar[bool] = False
     emulated: ClassVar[bool] = False
 
     @classmethod
-    def is_supported(cls, arch: Arch) -> Verdict:
-        raise NotImplementedError
+    @abstractmethod
+    def supports_arch(cls, arch: Arch) -> Verdict:
+        """Whether the kernel runs on ``arch`` at all."""
 
     @classmethod
-    def can_implement(cls, scheme: Scheme, shape: tuple[int, ...] | None = None) -> Verdict:
+    def can_implement(cls, scheme: Scheme) -> Verdict:
+        """Whether the kernel runs ``scheme`` (on some arch)."""
         if scheme not in cls.schemes:
             return False, (
                 f"{cls.name} runs {', '.join(s.value for s in cls.schemes)}, not {scheme.value}"
@@ -48,47 +61,97 @@ class KernelBackend:
         return True, "ok"
 
     @classmethod
-    def warm_up_moe(cls, w13, w2, *, top_k: int, max_tokens: int, swiglu_limit: float | None,
-                    fp8_weights=None) -> list[int]:
-        """MoE backends that JIT-compile: compile at load every binary a forward of up to
+    def is_supported(cls, arch: Arch, scheme: Scheme) -> Verdict:
+        """Whether this backend may run ``scheme`` on ``arch``; the reason either way."""
+        checks = (cls.supports_arch(arch), cls.can_implement(scheme), cls.supports_scheme_on(scheme, arch))
+        for ok, why in checks:
+            if not ok:
+                return False, why
+        if scheme is Scheme.NVFP4 and cls.activation_fp4 and not cls.emulated \
+                and arch.name not in FP4_TENSOR_CORE_ARCHS:
+            return False, (f"{cls.name} runs NVFP4 as W4A4, but {arch} has no FP4 tensor cores: "
+                           "sm_90 and older get weight-only NVFP4 only (marlin, triton_w4a16)")
+        return True, checks[0][1]
+
+    @classmethod
+    @abstractmethod
+    def prepare(cls, weights: Any, **options: Any) -> Any:
+        """The loaded weights in the kernel's layout, built once at load."""
+
+    @classmethod
+    @abstractmethod
+    def apply(cls, prepared: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """Run the layer on ``prepared`` weights."""
+
+
+@dataclass(frozen=True)
+class MoeWeights:
+    """Routed experts as the checkpoint stores them (stacked; see formats/).
+
+    w13: NVFP4 or MXFP4 [E, 2I, H], rows 0..I-1 gate (w1), I..2I-1 up (w3); w2: same format [E, H, I].
+    a13_scale, a2_scale: [E] static activation input scales (W4A4), None for weight-only.
+    """
+
+    w13: Any
+    w2: Any
+    a13_scale: torch.Tensor | None = None
+    a2_scale: torch.Tensor | None = None
+
+
+class MoeBackend(KernelBackend):
+    """Routed-expert MLP: sum_j topk_weights[t, j] * w2_e(swiglu(w13_e x_t)), e = topk_ids[t, j]."""
+
+    kind = "moe"
+    vllm_moe_backend: ClassVar[str | None] = None  # value of vLLM's --moe-backend, if any
+
+    @classmethod
+    @abstractmethod
+    def prepare(cls, weights: MoeWeights, *, fp8_prefill: bool = False) -> Any:
+        """``weights`` in the kernel's layout; ``fp8_prefill`` asks for the FP8 prefill copy
+        where the backend has that mode (a backend without it raises ValueError)."""
+
+    @classmethod
+    @abstractmethod
+    def apply(cls, prepared: Any, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
+              swiglu_limit: float | None = None, activation: str = "silu") -> torch.Tensor:
+        """x: [T, H]; topk_weights, topk_ids: [T, k] (local expert ids) -> [T, H] in x.dtype.
+        ``swiglu_limit``: clamped SwiGLU (gate <= limit, |up| <= limit), None for plain SwiGLU."""
+
+    @classmethod
+    def warm_up(cls, prepared: Any, *, top_k: int, max_tokens: int, swiglu_limit: float | None) -> list[int]:
+        """Backends that JIT-compile: compile at load every binary a forward of up to
         ``max_tokens`` tokens can need, so none compiles mid-request. Returns the token counts
         run (default: nothing to compile)."""
         return []
 
 
-MOE_BACKENDS: Registry[type[KernelBackend]] = Registry("moe backend")
-LINEAR_BACKENDS: Registry[type[KernelBackend]] = Registry("linear backend")
+class LinearBackend(KernelBackend):
+    """``x @ W.T (+ bias)`` for one quantized weight."""
+
+    kind = "linear"
+    vllm_linear_backend: ClassVar[str | None] = None  # value of vLLM's --linear-backend, if any
+
+    @classmethod
+    @abstractmethod
+    def prepare(cls, weight: Any, bias: torch.Tensor | None = None) -> Any:
+        """A typed weight [N, K] (Nvfp4Tensor, Fp8BlockTensor, ...) and optional bias [N] in
+        the kernel's layout."""
+
+    @classmethod
+    @abstractmethod
+    def apply(cls, prepared: Any, x: torch.Tensor) -> torch.Tensor:
+        """x: [..., K] -> [..., N] in x.dtype."""
 
 
-def registry_for(kind: str) -> Registry[type[KernelBackend]]:
+MOE_BACKENDS: Registry[type[MoeBackend]] = Registry("moe backend")
+LINEAR_BACKENDS: Registry[type[LinearBackend]] = Registry("linear backend")
+
+
+def registry_for(kind: str) -> Registry:
     return {"moe": MOE_BACKENDS, "linear": LINEAR_BACKENDS}[kind]
 
 
-MXF4NVF4_ARCHS = ("sm100a", "sm103a")
-
-
-class VllmBackend(KernelBackend):
-    """A backend vLLM already ships; we only decide when it applies and pass vLLM's flag.
-
-    Subclasses are data: ``archs`` (exact arch names, for arch-specific instructions) or
-    ``min_capability`` (for portable kernels), and ``activation_fp4`` when the kernel
-    quantizes activations to FP4 (W4A4), which Hopper cannot do.
-    """
-
-    provider = "vllm"
-    archs: ClassVar[tuple[str, ...] | None] = None
-    min_capability: ClassVar[tuple[int, int]] = (8, 0)
-    needs: ClassVar[str] = ""  # why the arch restriction exists, shown in refusals
-
-    @classmethod
-    def is_supported(cls, arch: Arch) -> Verdict:
-        if not arch.is_cuda:
-            return False, f"{cls.name} is a CUDA kernel in vLLM; arch {arch} has no CUDA GPU"
-        if cls.archs is not None:
-            if arch.name in cls.archs:
-                return True, f"{arch} is one of {', '.join(cls.archs)}"
-            return False, f"{cls.name} needs {' or '.join(cls.archs)} ({cls.needs}); arch is {arch}"
-        if not arch.at_least(*cls.min_capability):
-            cap = "sm%d%d" % cls.min_capability
-            return False, f"{cls.name} needs {cap} or newer ({cls.needs}); arch is {arch}"
-        return True, f"{arch} >= sm{cls.min_capability[0]}{cls.min_capability[1]}"
+def load_backends() -> None:
+    """Import every backend module, which registers it; none imports anything heavy at module level."""
+    import nvfp4stack.kernels.linear  # noqa: F401
+    import nvfp4stack.kernels.moe  # noqa: F401

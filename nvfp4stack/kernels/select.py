@@ -4,11 +4,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from nvfp4stack.arch import Arch
-from nvfp4stack.kernels.base import MXF4NVF4_ARCHS, KernelBackend, registry_for
+from nvfp4stack.kernels.base import KernelBackend, load_backends, registry_for
 from nvfp4stack.kernels.priority import priority
 from nvfp4stack.schemes import Scheme
-
-FP4_TENSOR_CORE_ARCHS = MXF4NVF4_ARCHS + ("sm120",)
 
 
 class BackendError(ValueError):
@@ -23,28 +21,6 @@ class Selection:
     rejected: dict[str, str] = field(default_factory=dict)  # backend -> why not
 
 
-def _load_backends() -> None:
-    # Registration happens on import; the backend files import nothing heavy at module level.
-    import nvfp4stack.kernels.linear  # noqa: F401
-    import nvfp4stack.kernels.moe  # noqa: F401
-
-
-def verdict(backend: type[KernelBackend], arch: Arch, scheme: Scheme,
-            shape: tuple[int, ...] | None = None) -> tuple[bool, str]:
-    """Whether ``backend`` may run ``scheme`` on ``arch``, with the reason either way."""
-    checks = (backend.is_supported(arch), backend.can_implement(scheme, shape),
-              backend.supports_scheme_on(scheme, arch))
-    for ok, why in checks:
-        if not ok:
-            return False, why
-    why = checks[0][1]
-    if scheme is Scheme.NVFP4 and backend.activation_fp4 and not backend.emulated \
-            and arch.name not in FP4_TENSOR_CORE_ARCHS:
-        return False, (f"{backend.name} runs NVFP4 as W4A4, but {arch} has no FP4 tensor cores: "
-                       "sm_90 and older get weight-only NVFP4 only (marlin, triton_w4a16)")
-    return True, why
-
-
 def served_scheme(backend: type[KernelBackend], scheme: Scheme) -> Scheme:
     """W4A4 checkpoints run weight-only (bf16 activations) on weight-only kernels."""
     if scheme is Scheme.NVFP4 and not backend.activation_fp4:
@@ -52,23 +28,22 @@ def served_scheme(backend: type[KernelBackend], scheme: Scheme) -> Scheme:
     return scheme
 
 
-def select_backend(kind: str, choice: str, arch: Arch, scheme: Scheme,
-                   shape: tuple[int, ...] | None = None, key: str | None = None) -> Selection:
+def select_backend(kind: str, choice: str, arch: Arch, scheme: Scheme, key: str | None = None) -> Selection:
     """Pick the ``kind`` ('moe' or 'linear') backend for ``scheme`` on ``arch``.
 
     Raises BackendError naming the config key, every rejected backend and its reason.
     """
-    _load_backends()
+    load_backends()
     reg = registry_for(kind)
     key = key or f"backend.{kind}"
     if choice != "auto":
         backend = reg.get(choice) if choice in reg else None
         if backend is None:
             raise BackendError(f"{key}={choice!r} is not a {kind} backend; valid: auto, {', '.join(reg.names())}")
-        ok, why = verdict(backend, arch, scheme, shape)
+        ok, why = backend.is_supported(arch, scheme)
         if not ok:
             alternatives = [n for n in priority(kind, arch.name)
-                            if n in reg and verdict(reg.get(n), arch, scheme, shape)[0]]
+                            if n in reg and reg.get(n).is_supported(arch, scheme)[0]]
             raise BackendError(
                 f"{key}={choice} cannot run {scheme.value} on {arch}: {why}. "
                 f"Fix: set {key}=auto" + (f" (would pick {alternatives[0]})" if alternatives else "")
@@ -81,7 +56,7 @@ def select_backend(kind: str, choice: str, arch: Arch, scheme: Scheme,
             rejected[name] = "not registered"
             continue
         backend = reg.get(name)
-        ok, why = verdict(backend, arch, scheme, shape)
+        ok, why = backend.is_supported(arch, scheme)
         if ok:
             return Selection(name, served_scheme(backend, scheme), f"auto: first valid on {arch} ({why})", rejected)
         rejected[name] = why

@@ -2,8 +2,7 @@
 from __future__ import annotations
 
 from nvfp4stack.arch import KNOWN_ARCHS
-from nvfp4stack.kernels.base import registry_for
-from nvfp4stack.kernels.select import _load_backends, verdict
+from nvfp4stack.kernels.base import load_backends, registry_for
 
 _SHORT = {"nvfp4": "nvfp4", "nvfp4_w4a16": "w4a16", "mxfp4": "mxfp4", "fp8_block": "fp8b"}
 
@@ -12,7 +11,7 @@ def cell(backend, arch) -> str:
     """Schemes the backend runs on the arch; an NVFP4 checkpoint served weight-only shows 'nvfp4→w4a16'."""
     out = []
     for s in backend.schemes:
-        if verdict(backend, arch, s)[0]:
+        if backend.is_supported(arch, s)[0]:
             label = _SHORT[s.value]
             if s.value == "nvfp4" and not backend.activation_fp4:
                 label = "nvfp4→w4a16"
@@ -23,7 +22,7 @@ def cell(backend, arch) -> str:
 
 
 def markdown() -> str:
-    _load_backends()
+    load_backends()
     archs = [KNOWN_ARCHS[a] for a in KNOWN_ARCHS]
     lines = ["| kind | backend | provider | " + " | ".join(a.name for a in archs) + " |",
              "|---|---|---|" + "---|" * len(archs)]

@@ -44,7 +44,7 @@ def test_mismatched_w2_is_named():
 @pytest.mark.parametrize("tokens", [1, 37, 300])
 def test_marlin_matches_the_fp32_twin(tokens):
     from nvfp4stack.formats.nvfp4 import quantize_nvfp4
-    from nvfp4stack.kernels.moe.torch_emulation import nvfp4_moe_forward
+    from nvfp4stack.kernels.moe.hopper_w4a16.torch_twin import nvfp4_moe_forward
 
     seed = int.from_bytes(os.urandom(4), "little")
     print(f"seed={seed}")

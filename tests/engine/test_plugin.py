@@ -152,7 +152,7 @@ class FakeExpertsLayer(torch.nn.Module):
 def test_moe_method_runs_planned_backend_on_packed_weights(registered):
     from nvfp4stack.engine.moe_method import Nvfp4StackModelOptMoE
     from nvfp4stack.formats.nvfp4 import quantize_nvfp4
-    from nvfp4stack.kernels.moe.torch_emulation import nvfp4_moe_forward
+    from nvfp4stack.kernels.moe.hopper_w4a16.torch_twin import nvfp4_moe_forward
     from nvfp4stack.schemes import Scheme
 
     seed = random.randrange(2**31)
@@ -171,7 +171,7 @@ def test_moe_method_runs_planned_backend_on_packed_weights(registered):
         Nvfp4StackModelOptMoE.__init__(m, None, _moe_config(), kernel="torch_emulation", scheme=scheme,
                                        prefix="model.layers.1.mlp.experts")
         m.process_weights_after_loading(layer)
-        assert m.w13.data.data_ptr() == layer.w13_weight.data_ptr(), "weights must stay packed, not copied"
+        assert m.prepared.weights.w13.data.data_ptr() == layer.w13_weight.data_ptr(), "weights must stay packed, not copied"
         got = m.apply(layer, x, wts, ids, None, None)
         want = nvfp4_moe_forward(x, w13, w2, wts, ids, a13_scale=scales[0], a2_scale=scales[1])
         assert torch.equal(got, want) and got.abs().sum() > 0
@@ -187,26 +187,28 @@ def _moe_config():
 
 
 def test_moe_method_fp8_prefill_builds_the_copy_once_and_hands_it_to_the_backend(registered, monkeypatch):
-    """backend.moe_fp8_prefill: the FP8 copy is built at load from the packed NVFP4 experts and reaches
-    the backend through the opaque op (``mode="auto"``). The backend here is a recorder that runs the
-    FP8 path's CPU twin: triton_w4a16 itself needs a GPU."""
+    """backend.moe_fp8_prefill: triton_w4a16's ``prepare`` builds the FP8 copy at load from the packed
+    NVFP4 experts and it reaches the backend's ``apply`` through the opaque op. The backend here is
+    triton_w4a16 with ``apply`` and ``warm_up`` recording and running the FP8 path's CPU twin:
+    its kernels need a GPU."""
     from nvfp4stack.engine.moe_method import Nvfp4StackModelOptMoE
     from nvfp4stack.formats.nvfp4 import quantize_nvfp4
-    from nvfp4stack.kernels.base import MOE_BACKENDS, KernelBackend
-    from nvfp4stack.kernels.moe.fp8_prefill import fp8_moe_forward_emulated, prepare_fp8_experts
+    from nvfp4stack.kernels.base import MOE_BACKENDS
+    from nvfp4stack.kernels.moe.hopper_w4a16.fp8_prefill import fp8_moe_forward_emulated, prepare_fp8_experts
+    from nvfp4stack.kernels.moe.triton_w4a16 import TritonW4A16Moe
     from nvfp4stack.schemes import Scheme
 
     seen = {}
 
-    class Recorder(KernelBackend):
-        @staticmethod
-        def forward(x, w13, w2, topk_weights, topk_ids, *, swiglu_limit=None, mode="w4a16", fp8_weights=None, **kw):
-            seen.update(mode=mode, fp8=fp8_weights)
-            return fp8_moe_forward_emulated(x, fp8_weights, topk_weights, topk_ids, swiglu_limit=swiglu_limit)
+    class Recorder(TritonW4A16Moe):
+        @classmethod
+        def apply(cls, prepared, x, topk_weights, topk_ids, *, swiglu_limit=None, activation="silu"):
+            seen.update(fp8=prepared.fp8)
+            return fp8_moe_forward_emulated(x, prepared.fp8, topk_weights, topk_ids, swiglu_limit=swiglu_limit)
 
         @classmethod
-        def warm_up_moe(cls, w13, w2, *, top_k, max_tokens, swiglu_limit, fp8_weights=None):
-            seen.update(warm=(top_k, max_tokens, fp8_weights))
+        def warm_up(cls, prepared, *, top_k, max_tokens, swiglu_limit):
+            seen.update(warm=(top_k, max_tokens, prepared.fp8))
             return []
 
     monkeypatch.setitem(MOE_BACKENDS._items, "fp8_recorder", Recorder)
@@ -218,19 +220,23 @@ def test_moe_method_fp8_prefill_builds_the_copy_once_and_hands_it_to_the_backend
     Nvfp4StackModelOptMoE.__init__(m, None, _moe_config(), kernel="fp8_recorder", scheme=Scheme.NVFP4_W4A16,
                                    prefix="model.layers.1.mlp.experts", fp8_prefill=True)
     m.process_weights_after_loading(layer)
+    fp8 = m.prepared.fp8
     # the backend is asked to compile ahead at load: top-k of the layer, the token budget (vLLM's
     # default outside an engine), and the FP8 copy it will be handed
-    assert seen["warm"][0] == 2 and seen["warm"][1] >= 1 and seen["warm"][2] is m.fp8
+    assert seen["warm"][0] == 2 and seen["warm"][1] >= 1 and seen["warm"][2] is fp8
     want_fp8 = prepare_fp8_experts(w13, w2)
-    for a, b in ((m.fp8.w13, want_fp8.w13), (m.fp8.w2_scale, want_fp8.w2_scale)):
+    for a, b in ((fp8.w13, want_fp8.w13), (fp8.w2_scale, want_fp8.w2_scale)):
         assert torch.equal(a.view(torch.uint8) if a.dtype == torch.float8_e4m3fn else a,
                            b.view(torch.uint8) if b.dtype == torch.float8_e4m3fn else b)
     x = torch.randn(T, H, generator=g)
     ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)])
     wts = torch.rand(T, K, generator=g)
     got = m.apply(layer, x, wts, ids, None, None)
-    assert seen["mode"] == "auto" and seen["fp8"].w13.data_ptr() == m.fp8.w13.data_ptr()
+    assert seen["fp8"].w13.data_ptr() == fp8.w13.data_ptr()
     assert torch.equal(got, fp8_moe_forward_emulated(x, want_fp8, wts, ids)) and got.abs().sum() > 0
+    with pytest.raises(ValueError, match="torch_emulation has no FP8 prefill mode"):
+        Nvfp4StackModelOptMoE(None, _moe_config(), kernel="torch_emulation", scheme=Scheme.NVFP4_W4A16,
+                              prefix="p", fp8_prefill=True).process_weights_after_loading(layer)
 
 
 def test_engine_plan_carries_fp8_prefill_for_triton_w4a16_only():

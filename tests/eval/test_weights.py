@@ -46,7 +46,7 @@ def test_quantized_source_starts_from_its_own_bytes(root, ref):
 
 
 def test_stacked_experts_share_one_global_scale_per_expert(root):
-    from nvfp4stack.kernels.moe.torch_emulation import dequantize_expert
+    from nvfp4stack.kernels.moe.hopper_w4a16.torch_twin import dequantize_expert
 
     bf16 = ShardedReader(layout_dir(root, "bf16"))
     prefix, n = "layers.2.ffn.experts", 16

@@ -4,7 +4,7 @@ import pytest
 from nvfp4stack.arch import resolve
 from nvfp4stack.kernels.base import LINEAR_BACKENDS, MOE_BACKENDS
 from nvfp4stack.kernels.priority import LINEAR_PRIORITY, MOE_PRIORITY
-from nvfp4stack.kernels.select import BackendError, select_backend, verdict
+from nvfp4stack.kernels.select import BackendError, select_backend
 from nvfp4stack.schemes import Scheme
 
 
@@ -34,7 +34,7 @@ def test_mxf4nvf4_needs_arch_specific_blackwell_not_sm100f():
 def test_hopper_gets_weight_only_nvfp4():
     sel = select_backend("moe", "auto", resolve("sm90"), Scheme.NVFP4)
     assert sel.served_scheme is Scheme.NVFP4_W4A16
-    ok, why = verdict(MOE_BACKENDS.get("flashinfer_trtllm"), resolve("sm90"), Scheme.NVFP4)
+    ok, why = MOE_BACKENDS.get("flashinfer_trtllm").is_supported(resolve("sm90"), Scheme.NVFP4)
     assert not ok and "sm100a" in why
     for w4a4 in ("flashinfer_trtllm", "cutedsl", "flashinfer_cutlass", "cutlass"):
         with pytest.raises(BackendError, match="cannot run nvfp4 on sm90.*Fix: set backend.moe=auto"):
@@ -45,14 +45,14 @@ def test_hopper_gets_weight_only_nvfp4():
 
 def test_any_w4a4_kernel_is_refused_without_fp4_tensor_cores():
     """The safety net behind the per-backend arch lists: a hypothetical portable W4A4 kernel."""
-    from nvfp4stack.kernels.base import VllmBackend
+    from nvfp4stack.kernels.vllm_backend import VllmMoeBackend
 
-    class PortableW4A4(VllmBackend):
-        name, kind, schemes, activation_fp4 = "portable_w4a4", "moe", (Scheme.NVFP4,), True
+    class PortableW4A4(VllmMoeBackend):
+        name, schemes, activation_fp4 = "portable_w4a4", (Scheme.NVFP4,), True
 
-    ok, why = verdict(PortableW4A4, resolve("sm90"), Scheme.NVFP4)
+    ok, why = PortableW4A4.is_supported(resolve("sm90"), Scheme.NVFP4)
     assert not ok and "no FP4 tensor cores: sm_90 and older get weight-only NVFP4 only" in why
-    assert verdict(PortableW4A4, resolve("sm100a"), Scheme.NVFP4)[0]
+    assert PortableW4A4.is_supported(resolve("sm100a"), Scheme.NVFP4)[0]
 
 
 def test_nvfp4_experts_are_never_served_as_mxfp4():

@@ -1,12 +1,12 @@
 """vLLM CUTLASS scaled-mm linear: FP8 block on SM90+, NVFP4 W4A4 on SM100a/103a/120."""
-from nvfp4stack.kernels.base import LINEAR_BACKENDS, MXF4NVF4_ARCHS, VllmBackend, Verdict
 from nvfp4stack.arch import Arch
+from nvfp4stack.kernels.base import FP4_TENSOR_CORE_ARCHS, LINEAR_BACKENDS, Verdict
+from nvfp4stack.kernels.vllm_backend import VllmLinearBackend
 from nvfp4stack.schemes import Scheme
 
 
 @LINEAR_BACKENDS.register("cutlass")
-class CutlassLinear(VllmBackend):
-    kind = "linear"
+class CutlassLinear(VllmLinearBackend):
     vllm_linear_backend = "cutlass"
     schemes = (Scheme.FP8_BLOCK, Scheme.NVFP4)
     min_capability = (9, 0)
@@ -15,6 +15,6 @@ class CutlassLinear(VllmBackend):
 
     @classmethod
     def supports_scheme_on(cls, scheme: Scheme, arch: Arch) -> Verdict:
-        if scheme is Scheme.NVFP4 and arch.name not in MXF4NVF4_ARCHS + ("sm120",):
+        if scheme is Scheme.NVFP4 and arch.name not in FP4_TENSOR_CORE_ARCHS:
             return False, f"cutlass NVFP4 GEMM needs sm100a/sm103a/sm120 FP4 tensor cores; arch is {arch}"
         return True, "ok"

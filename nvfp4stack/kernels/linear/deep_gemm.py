@@ -1,11 +1,11 @@
 """DeepGEMM FP8 block-scaled linear (vLLM picks it for 128x128 FP8 weights on Hopper/Blackwell)."""
-from nvfp4stack.kernels.base import LINEAR_BACKENDS, VllmBackend
+from nvfp4stack.kernels.base import LINEAR_BACKENDS
+from nvfp4stack.kernels.vllm_backend import VllmLinearBackend
 from nvfp4stack.schemes import Scheme
 
 
 @LINEAR_BACKENDS.register("deep_gemm")
-class DeepGemmLinear(VllmBackend):
-    kind = "linear"
+class DeepGemmLinear(VllmLinearBackend):
     vllm_linear_backend = "deep_gemm"
     schemes = (Scheme.FP8_BLOCK,)
     min_capability = (9, 0)

@@ -1,11 +1,11 @@
 """vLLM Marlin linear: weight-only FP4/FP8, dequantized to bf16 inside the kernel (SM80+)."""
-from nvfp4stack.kernels.base import LINEAR_BACKENDS, VllmBackend
+from nvfp4stack.kernels.base import LINEAR_BACKENDS
+from nvfp4stack.kernels.vllm_backend import VllmLinearBackend
 from nvfp4stack.schemes import Scheme
 
 
 @LINEAR_BACKENDS.register("marlin")
-class MarlinLinear(VllmBackend):
-    kind = "linear"
+class MarlinLinear(VllmLinearBackend):
     vllm_linear_backend = "marlin"
     schemes = (Scheme.NVFP4, Scheme.NVFP4_W4A16, Scheme.MXFP4, Scheme.FP8_BLOCK)
     min_capability = (8, 0)

@@ -1,15 +1,18 @@
 """Pure-torch linear for any stored format: dequantize the typed weight, then one GEMM.
 
-The fidelity harness and CPU planning use it (e.g. DeepSeek-V4's FP8-block attention on a host
+The fidelity harness and CPU planning use it (e.g. FP8-block attention projections on a host
 without FP8 kernels). It is not wired into vLLM serving: the plugin refuses it for served
 linear layers and vLLM keeps its own method there.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 
 from nvfp4stack.arch import Arch
-from nvfp4stack.kernels.base import LINEAR_BACKENDS, KernelBackend, Verdict
+from nvfp4stack.kernels.base import LINEAR_BACKENDS, LinearBackend, Verdict
 from nvfp4stack.schemes import Scheme
 
 
@@ -23,15 +26,31 @@ def emulated_linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -
     return y.to(x.dtype)
 
 
+@dataclass(frozen=True)
+class TypedLinear:
+    """The typed weight [N, K] as stored (dequantized at each call) and its bias [N]."""
+
+    weight: Any
+    bias: torch.Tensor | None = None
+
+
 @LINEAR_BACKENDS.register("torch_emulation")
-class TorchEmulationLinear(KernelBackend):
-    kind = "linear"
+class TorchEmulationLinear(LinearBackend):
     provider = "nvfp4stack"
     schemes = (Scheme.NVFP4_W4A16, Scheme.MXFP4, Scheme.FP8_BLOCK)
     emulated = True
 
-    forward = staticmethod(emulated_linear)
+    @classmethod
+    def supports_arch(cls, arch: Arch) -> Verdict:
+        return True, "pure torch dequantize + GEMM, any device (fidelity and CPU planning; not used for serving)"
 
     @classmethod
-    def is_supported(cls, arch: Arch) -> Verdict:
-        return True, "pure torch dequantize + GEMM, any device (fidelity and CPU planning; not used for serving)"
+    def prepare(cls, weight: Any, bias: torch.Tensor | None = None) -> TypedLinear:
+        if isinstance(weight, torch.Tensor) or not hasattr(weight, "dequantize"):
+            raise TypeError(f"torch_emulation linear: weight is {type(weight).__name__}, expected a typed "
+                            "container with .dequantize() (Nvfp4Tensor, Mxfp4Tensor, Fp8BlockTensor)")
+        return TypedLinear(weight, bias)
+
+    @classmethod
+    def apply(cls, prepared: TypedLinear, x: torch.Tensor) -> torch.Tensor:
+        return emulated_linear(x, prepared.weight, prepared.bias)

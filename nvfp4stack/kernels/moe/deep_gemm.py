@@ -1,18 +1,18 @@
-"""DeepGEMM MoE (vLLM --moe-backend deep_gemm): FP8 block and DeepSeek-V4's native MXFP4 recipe."""
-from nvfp4stack.kernels.base import MOE_BACKENDS, VllmBackend, Verdict
+"""DeepGEMM MoE (vLLM --moe-backend deep_gemm): FP8 block and MXFP4 (E2M1 + UE8M0 per 32)."""
+from nvfp4stack.kernels.base import MOE_BACKENDS, Verdict
+from nvfp4stack.kernels.vllm_backend import VllmMoeBackend
 from nvfp4stack.schemes import Scheme
 
 
 @MOE_BACKENDS.register("deep_gemm")
-class DeepGemmMoE(VllmBackend):
-    kind = "moe"
+class DeepGemmMoE(VllmMoeBackend):
     vllm_moe_backend = "deep_gemm"
     schemes = (Scheme.MXFP4, Scheme.FP8_BLOCK)
     min_capability = (9, 0)
     needs = "DeepGEMM targets Hopper and Blackwell"
 
     @classmethod
-    def can_implement(cls, scheme: Scheme, shape=None) -> Verdict:
+    def can_implement(cls, scheme: Scheme) -> Verdict:
         if scheme.is_nvfp4:
             # The MegaMoE fork turned UE4M3/16 scales into UE8M0/32 and garbled the output.
             return False, (
@@ -20,4 +20,4 @@ class DeepGemmMoE(VllmBackend):
                 "re-scaled to UE8M0, losing 3 mantissa bits per scale; NVFP4 routed experts are "
                 "never silently served as MXFP4 - pick an NVFP4 backend"
             )
-        return super().can_implement(scheme, shape)
+        return super().can_implement(scheme)

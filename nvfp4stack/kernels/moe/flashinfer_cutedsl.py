@@ -1,11 +1,11 @@
 """FlashInfer CuTeDSL grouped GEMM MoE (vLLM --moe-backend flashinfer_cutedsl), needs nvidia-cutlass-dsl."""
-from nvfp4stack.kernels.base import MOE_BACKENDS, MXF4NVF4_ARCHS, VllmBackend
+from nvfp4stack.kernels.base import MOE_BACKENDS, MXF4NVF4_ARCHS
+from nvfp4stack.kernels.vllm_backend import VllmMoeBackend
 from nvfp4stack.schemes import Scheme
 
 
 @MOE_BACKENDS.register("flashinfer_cutedsl")
-class FlashInferCuteDslMoE(VllmBackend):
-    kind = "moe"
+class FlashInferCuteDslMoE(VllmMoeBackend):
     vllm_moe_backend = "flashinfer_cutedsl"
     schemes = (Scheme.NVFP4,)
     archs = MXF4NVF4_ARCHS

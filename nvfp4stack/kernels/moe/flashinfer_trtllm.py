@@ -1,11 +1,11 @@
 """FlashInfer TensorRT-LLM fused MoE (vLLM --moe-backend flashinfer_trtllm): Blackwell FP4 tensor cores."""
-from nvfp4stack.kernels.base import MOE_BACKENDS, MXF4NVF4_ARCHS, VllmBackend
+from nvfp4stack.kernels.base import MOE_BACKENDS, MXF4NVF4_ARCHS
+from nvfp4stack.kernels.vllm_backend import VllmMoeBackend
 from nvfp4stack.schemes import Scheme
 
 
 @MOE_BACKENDS.register("flashinfer_trtllm")
-class FlashInferTrtllmMoE(VllmBackend):
-    kind = "moe"
+class FlashInferTrtllmMoE(VllmMoeBackend):
     vllm_moe_backend = "flashinfer_trtllm"
     schemes = (Scheme.NVFP4, Scheme.MXFP4, Scheme.FP8_BLOCK)
     archs = MXF4NVF4_ARCHS

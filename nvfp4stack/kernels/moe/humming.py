@@ -1,11 +1,11 @@
 """vLLM Humming MoE (vLLM --moe-backend humming): weight-only FP4 for SM75+."""
-from nvfp4stack.kernels.base import MOE_BACKENDS, VllmBackend
+from nvfp4stack.kernels.base import MOE_BACKENDS
+from nvfp4stack.kernels.vllm_backend import VllmMoeBackend
 from nvfp4stack.schemes import Scheme
 
 
 @MOE_BACKENDS.register("humming")
-class HummingMoE(VllmBackend):
-    kind = "moe"
+class HummingMoE(VllmMoeBackend):
     vllm_moe_backend = "humming"
     schemes = (Scheme.NVFP4, Scheme.NVFP4_W4A16)
     min_capability = (7, 5)

@@ -1,370 +1,30 @@
-"""``triton_w4a16`` MoE backend: fused NVFP4 weight-only expert MLP in Triton (Hopper and later).
+"""``triton_w4a16`` MoE backend: NVFP4 weights dequantized in registers, bf16 activations (hopper_w4a16/).
 
-Two launches over expert-aligned token blocks (routing.py):
-  L1  x[T,H] @ w13[e]^T -> DeepSeek-V4 clamped SwiGLU -> h[slots, I]   (bf16, sorted-slot order)
-  L2  h @ w2[e]^T * routing weight -> rows[T*k, H]; top-k rows summed per token.
-Weights stay packed; tiles are dequantized in registers. Triton is imported only when the
-kernel runs, so CPU hosts can import this module to register the backend.
-Decode loads (<= 32 routed rows per expert) on sm90 run the Gluon kernels of
-_w4a16_decode_gluon.py instead (weights as the mma.sync M side, operands built in registers, no
-shared memory); routing alignment is one Triton launch (routing_triton.py) up to 8192 slots.
-Prefill-heavy calls can instead run the FP8 tensor-core mode (fp8_prefill.py, ``mode``/``fp8_weights``).
+Importing this module registers the backend and imports no Triton: the kernels load when
+``apply`` first runs, so CPU hosts plan with it.
 """
 from __future__ import annotations
-
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from nvfp4stack.arch import Arch
-from nvfp4stack.kernels.base import MOE_BACKENDS, KernelBackend, Verdict
-from nvfp4stack.kernels.moe.routing_triton import align_routing
-from nvfp4stack.kernels.moe.torch_emulation import check_moe_args
+from nvfp4stack.formats.nvfp4 import Nvfp4Tensor
+from nvfp4stack.kernels.base import MOE_BACKENDS, MoeBackend, MoeWeights, Verdict
+from nvfp4stack.kernels.moe.hopper_w4a16.packed import PackedExperts
 from nvfp4stack.schemes import Scheme
-
-if TYPE_CHECKING:
-    from nvfp4stack.formats.nvfp4 import Nvfp4Tensor
-    from nvfp4stack.kernels.moe.fp8_prefill import Fp8ExpertWeights
 
 _SUPPORTED_SM = (80, 89, 90, 100, 103, 120)
 
 
-@dataclass(frozen=True)
-class TileConfig:
-    """One launch's tile shape; ``block_k`` is capped to divide the reduction dim."""
-
-    block_m: int
-    block_n: int
-    block_k: int
-    num_warps: int
-    num_stages: int
-    group_m: int = 8
-    deq: int = 2  # 2: PTX bit placement, 1: per-element Triton ops (_dequant_tile)
-
-    def fit_k(self, k: int) -> int:
-        # K tiles below 64 are not used: on an H200 with Triton 3.6 a 16-wide tile gave wrong
-        # results and 32-wide ones crashed the compiler (TritonGPUOptimizeDotOperands).
-        bk = self.block_k
-        while bk > 64 and k % bk:
-            bk //= 2
-        if k % bk:
-            raise ValueError(
-                f"triton_w4a16: reduction dim {k} (hidden or moe_intermediate) must be a multiple "
-                "of 64; use the torch_emulation backend for this shape"
-            )
-        return bk
-
-    def launch_args(self, k: int) -> dict:
-        return dict(
-            BM=self.block_m, BN=self.block_n, BK=self.fit_k(k), GROUP_M=self.group_m,
-            DEQ=self.deq,
-            num_warps=self.num_warps, num_stages=self.num_stages,
-        )
-
-
-@dataclass(frozen=True)
-class DecodeConfig:
-    """Tile of the Gluon decode kernels (_w4a16_decode_gluon.py): weights as the mma.sync M side.
-
-    ``block_t`` tokens per routing block (the MMA's N: 8, 16 or 32), ``mrep`` 16-row MMA tiles per
-    warp, so one program covers ``rows = 16 * num_warps * mrep`` weight rows (L1: rows/2 gate
-    and rows/2 up rows) and ``block_k`` of the reduction dim per step.
-    """
-
-    block_t: int
-    mrep: int
-    block_k: int
-    num_warps: int = 4
-    prefetch: int = 0  # 1: the next K step's weights are loaded before this step's math; 0: not
-
-    @property
-    def rows(self) -> int:
-        return 16 * self.num_warps * self.mrep
-
-    @property
-    def block_m(self) -> int:  # routing block, as TileConfig.block_m
-        return self.block_t
-
-    deq = 2  # PTX dequant (bench labels)
-
-    def fits(self, hidden: int, inter: int) -> bool:
-        return (hidden % self.block_k == 0 and inter % self.block_k == 0
-                and inter % (self.rows // 2) == 0 and hidden % self.rows == 0)
-
-    def __post_init__(self):
-        if self.prefetch not in (0, 1) or self.block_t not in (8, 16, 32) or self.block_k % 64:
-            raise ValueError(f"DecodeConfig: prefetch 0|1, block_t 8|16|32, block_k a multiple of 64; got {self}")
-
-
-# Tile heuristics by average routed rows per expert. Decode is bound by weight bytes and by the
-# ALU work of dequantizing them: smallest legal M tile. Prefill is MMA bound: large M tiles so
-# each dequantized weight tile feeds more rows. Figures behind the choice: bench/moe_kernel_notes.md.
-_DECODE = TileConfig(block_m=16, block_n=64, block_k=256, num_warps=4, num_stages=3)
-_SMALL = TileConfig(block_m=32, block_n=64, block_k=128, num_warps=4, num_stages=4)
-_MEDIUM = TileConfig(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=4)
-_PREFILL = TileConfig(block_m=128, block_n=64, block_k=64, num_warps=4, num_stages=3)
-
-
-def pick_config(rows_per_expert: float) -> tuple[TileConfig, TileConfig]:
-    """Heuristic (L1, L2) tile choice from the average routed rows per expert."""
-    if rows_per_expert <= 16:
-        return _DECODE, _DECODE
-    if rows_per_expert <= 32:  # one 32-row block per expert; from 33 one 64-row block beats two
-        return _SMALL, _SMALL
-    if rows_per_expert <= 160:
-        return _MEDIUM, _MEDIUM
-    return _PREFILL, _PREFILL
-
-
-# Decode (<= DECODE_MAX_ROWS_PER_EXPERT routed rows per expert) runs the Gluon mma.sync kernels
-# on sm90 when the shape fits their tiles; figures: bench/moe_kernel_notes.md. From 17 to 32 rows
-# the 32-token tile (2 m-tiles x BK=64) takes 9-12% less time than the Triton kernels' 32-row tile
-# (H100, 2026-11-24: Flash 24/32 rows 311/321 vs 343/352 us, Pro 780/812 vs 884/901). From 33 rows
-# it needs two blocks per expert (Flash 48 rows: 559 us) where one Triton 64-row block serves all
-# (443 us at 64 rows): the Triton tiles take over.
-DECODE_MAX_ROWS_PER_EXPERT = 32
-# (L1, L2) decode tiles; the two GEMMs need only share the routing block (block_t). Routing is never
-# balanced: at an average of 8 rows per expert the busiest expert gets 14-20 rows (uniform top-6 draws
-# over 32-64 experts) and 45-72 under Zipf-1.1 skew, so an 8-token block splits most experts in two
-# and the weights are dequantized twice. Measured on an H200 with the L2 flushed before every call
-# (2026-11-24, tests/kernels/moe/decode_profile.py, Flash/Pro at 32/48/64 experts, uniform and Zipf):
-# - below 2 rows: L1 8 warps x 1 m-tile x BK=256, L2 2 m-tiles x BK=128 with register prefetch;
-# - 2 to 6 rows: 8 tokens, 2 m-tiles x BK=256 x 4 warps for both: 1-12% less time than the pair above
-#   at 2-4 rows (Pro 48 experts, 4 rows: 602 vs 683 us);
-# - 6 to 16 rows: 16 tokens, L1 2 warps x 2 m-tiles x BK=128, L2 4 warps: 20-25% less time than
-#   8-token blocks at 8 rows (Pro 48 experts: 787 vs 1048 us) and 0-8% less than 4 warps at 16.
-_DECODE_FEW = (DecodeConfig(block_t=8, mrep=1, block_k=256, num_warps=8, prefetch=0),
-               DecodeConfig(block_t=8, mrep=2, block_k=128, num_warps=4, prefetch=1))
-_DECODE_T8 = (DecodeConfig(block_t=8, mrep=2, block_k=256, num_warps=4, prefetch=0),) * 2
-_DECODE_T16 = (DecodeConfig(block_t=16, mrep=2, block_k=128, num_warps=2, prefetch=0),
-               DecodeConfig(block_t=16, mrep=2, block_k=128, num_warps=4, prefetch=0))
-_DECODE_T32 = (DecodeConfig(block_t=32, mrep=2, block_k=64, num_warps=4, prefetch=0),) * 2
-# the largest average rows per expert each 8/16-token choice takes
-DECODE_FEW_MAX_ROWS, DECODE_T8_MAX_ROWS, DECODE_T16_MAX_ROWS = 2.0, 6.0, 16.0
-
-
-def decode_available(device: torch.device) -> bool:
-    """Whether the Gluon decode kernels run on ``device``: sm90 (the only arch they were run and
-    tested on) with Triton >= 3.6."""
-    if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] != 9:
-        return False
-    try:
-        import triton.experimental.gluon  # noqa: F401  (Triton >= 3.6)
-    except ImportError:
-        return False
-    return True
-
-
-def decode_pair(rows_per_expert: float, hidden: int, inter: int) -> tuple[DecodeConfig, DecodeConfig] | None:
-    """(L1, L2) decode tiles for this load and shape where the decode kernels are available: the
-    measured pair for the load, else (shapes that do not divide into it) the first of the other
-    pairs with the same routing block that fits, either pair's L2 tile for both GEMMs included."""
-    if rows_per_expert > DECODE_MAX_ROWS_PER_EXPERT:
-        return None
-    if rows_per_expert < DECODE_FEW_MAX_ROWS:
-        order = (_DECODE_FEW, _DECODE_T8)
-    elif rows_per_expert <= DECODE_T8_MAX_ROWS:
-        order = (_DECODE_T8, _DECODE_FEW)
-    elif rows_per_expert <= DECODE_T16_MAX_ROWS:
-        order = (_DECODE_T16,)
-    else:
-        order = (_DECODE_T32,)
-    pairs = [q for p in order for q in (p, (p[1], p[1]), (p[0], p[0]))]
-    return next((p for p in pairs if all(c.fits(hidden, inter) for c in p)), None)
-
-
-def pick_decode(rows_per_expert: float, hidden: int, inter: int, device: torch.device) -> tuple[DecodeConfig, DecodeConfig] | None:
-    """(L1, L2) decode tiles, or None where the Triton kernels are used instead."""
-    if rows_per_expert > DECODE_MAX_ROWS_PER_EXPERT or not decode_available(device):
-        return None
-    return decode_pair(rows_per_expert, hidden, inter)
-
-
-def pick_tiles(rows_per_expert: float, hidden: int, inter: int, decode: bool) -> tuple[TileConfig, TileConfig] | tuple[DecodeConfig, DecodeConfig]:
-    """The (L1, L2) tiles a call runs: the decode kernels' where ``decode`` (decode_available)
-    and the load and shape suit them, else the Triton kernels' heuristic."""
-    return (decode and decode_pair(rows_per_expert, hidden, inter)) or pick_config(rows_per_expert)
-
-
-def _t(*a, **kw) -> tuple[TileConfig, TileConfig]:
-    c = TileConfig(*a, **kw)
-    return c, c
-
-
-# (L1, L2) pairs the benchmark's --sweep tries besides the heuristic's pick.
-CANDIDATES: tuple[tuple[TileConfig, TileConfig], ...] = (
-    _t(16, 64, 256, 4, 3, deq=1),  # per-element dequant, for comparison
-    _t(16, 64, 128, 4, 5),
-    _t(16, 32, 256, 4, 4),
-    (TileConfig(16, 32, 256, 4, 4), TileConfig(16, 64, 256, 4, 4)),
-    _t(32, 64, 256, 4, 4),
-    _t(64, 64, 128, 4, 4),
-    _t(64, 128, 128, 4, 4),
-    _t(128, 64, 64, 4, 4),
-    _t(128, 128, 64, 8, 4),
-    (TileConfig(256, 64, 64, 8, 4), TileConfig(256, 128, 64, 8, 4)),
-)
-# Decode-kernel pairs the benchmark's --sweep tries (shapes permitting).
-DECODE_CANDIDATES: tuple[tuple[DecodeConfig, DecodeConfig], ...] = tuple(
-    (DecodeConfig(bt, m, bk, w, st), DecodeConfig(bt, m, bk, w, st))
-    for bt, m, bk, w, st in ((8, 1, 128, 4, 1), (8, 1, 128, 8, 1), (8, 1, 256, 8, 0), (8, 2, 128, 4, 1),
-                             (16, 2, 128, 4, 0), (16, 2, 128, 4, 1), (16, 2, 128, 8, 0),
-                             (8, 1, 256, 4, 0), (8, 1, 256, 8, 1), (16, 1, 256, 8, 0), (16, 1, 256, 4, 0),
-                             (32, 1, 128, 4, 0), (32, 1, 128, 8, 0), (32, 2, 64, 4, 0), (32, 2, 128, 4, 0),
-                             (32, 1, 64, 8, 0), (32, 1, 128, 4, 1), (32, 1, 256, 8, 0), (32, 2, 64, 8, 0),
-                             (8, 2, 256, 4, 0), (16, 2, 128, 2, 0))
-)
-# Diagnostics for --sweep --diag (WRONG numbers, never selected): same loads and MMAs, no dequant.
-DIAG = (_t(16, 64, 256, 4, 3, deq=9), _t(128, 64, 64, 4, 3, deq=9))
-
-
-def _global_scale_per_expert(t: "Nvfp4Tensor", num_experts: int, name: str) -> torch.Tensor:
-    gs = t.global_scale.to(torch.float32).reshape(-1)
-    if gs.numel() == 1:
-        gs = gs.expand(num_experts)
-    if gs.numel() != num_experts:
-        raise ValueError(
-            f"{name}.global_scale: expected 1 or {num_experts} values (one per expert), "
-            f"found {gs.numel()}; quantize the stacked [E, N, K] weight with quantize_nvfp4"
-        )
-    return gs.contiguous()
-
-
-def nvfp4_moe_forward_triton(
-    x: torch.Tensor,
-    w13: "Nvfp4Tensor",
-    w2: "Nvfp4Tensor",
-    topk_weights: torch.Tensor,
-    topk_ids: torch.Tensor,
-    *,
-    swiglu_limit: float | None = None,
-    a13_scale: torch.Tensor | None = None,
-    a2_scale: torch.Tensor | None = None,
-    activation: str = "silu",
-    config: tuple[TileConfig, TileConfig] | tuple[DecodeConfig, DecodeConfig] | None = None,
-    poison: bool = False,
-    mode: str = "auto",
-    fp8_weights: "Fp8ExpertWeights | None" = None,
-) -> torch.Tensor:
-    """Same function as torch_emulation.nvfp4_moe_forward with bf16 activations.
-
-    a13_scale / a2_scale are accepted and ignored: this path is weight-only, activations stay bf16.
-    ``config`` overrides the (L1, L2) tile heuristic (benchmark sweeps): TileConfig pairs run
-    the Triton kernels, DecodeConfig pairs the Gluon decode kernels. ``poison`` fills the
-    scratch buffers with NaN first, so a test sees any element the kernels failed to write.
-    ``mode``: 'w4a16', 'fp8' (FP8 tensor-core prefill on ``fp8_weights``, built once at load by
-    fp8_prefill.prepare_fp8_experts) or 'auto' (fp8 from FP8_MIN_ROWS_PER_EXPERT routed rows per
-    expert when ``fp8_weights`` is given, else w4a16).
-    """
-    from nvfp4stack.kernels.moe import fp8_prefill
-
-    num_experts, inter, hidden = check_moe_args(x, w13, w2, topk_weights, topk_ids, activation)
-    if x.device.type != "cuda":
-        raise ValueError(
-            f"triton_w4a16: x is on {x.device}, expected a CUDA tensor; "
-            "use backend.moe=torch_emulation on CPU"
-        )
-    tokens, top_k = topk_ids.shape
-    out_dtype = x.dtype
-    xb = x.to(torch.bfloat16).contiguous()
-    if tokens == 0:
-        return torch.zeros_like(x)
-    if fp8_prefill.select_mode(mode, tokens * top_k / num_experts, fp8_weights) == "fp8":
-        fp8_prefill.check_fp8_matches(fp8_weights, w13, w2)
-        return fp8_prefill.fp8_moe_forward(
-            xb, fp8_weights, topk_weights, topk_ids, swiglu_limit=swiglu_limit, poison=poison
-        ).to(out_dtype)
-
-    rows_per_expert = tokens * top_k / num_experts
-    cfg1, cfg2 = config or pick_tiles(rows_per_expert, hidden, inter, decode_available(x.device))
-    if cfg1.block_m != cfg2.block_m or type(cfg1) is not type(cfg2):
-        raise ValueError(f"config: L1 and L2 share the routing blocks, found {cfg1} and {cfg2}")
-    decode = isinstance(cfg1, DecodeConfig)
-    if decode and not (cfg1.fits(hidden, inter) and cfg2.fits(hidden, inter)):
-        raise ValueError(f"config: decode tiles {cfg1} / {cfg2} do not divide hidden {hidden}, inter {inter}")
-    # one Triton launch instead of ~20 torch kernels where the slot count is decode-sized
-    routing = align_routing(topk_ids, num_experts, cfg1.block_m)
-    w13_data, w13_scale = w13.data.contiguous(), w13.scale.contiguous().view(torch.uint8)
-    w2_data, w2_scale = w2.data.contiguous(), w2.scale.contiguous().view(torch.uint8)
-    gs13 = _global_scale_per_expert(w13, num_experts, "w13")
-    gs2 = _global_scale_per_expert(w2, num_experts, "w2")
-
-    scratch = torch.full if poison else (lambda size, _fill, **kw: torch.empty(size, **kw))
-    inter_buf = scratch((routing.sorted_ids.numel(), inter), float("nan"), dtype=torch.bfloat16, device=x.device)
-    rows = scratch((tokens * top_k, hidden), float("nan"), dtype=torch.bfloat16, device=x.device)
-    route_w = topk_weights.to(torch.float32).reshape(-1).contiguous()
-    limit = float(swiglu_limit) if swiglu_limit is not None else 0.0
-    # operands shared by the Triton and the Gluon kernels (these take max_blocks / limit after them)
-    ids = (routing.sorted_ids, routing.expert_ids, routing.num_padded, routing.num_slots)
-    l1_args = (xb, xb.stride(0), *_weight_args(w13_data, w13_scale, gs13), inter_buf, inter_buf.stride(0),
-               *ids, top_k, inter, hidden)
-    l2_args = (inter_buf, inter_buf.stride(0), *_weight_args(w2_data, w2_scale, gs2), route_w, rows, rows.stride(0),
-               *ids, hidden, inter)
-    has_limit = swiglu_limit is not None
-    if decode:
-        _launch_decode(cfg1, cfg2, l1_args, l2_args, routing.max_blocks, inter, hidden, limit, has_limit)
-        return _topk_sum(rows, tokens, top_k, hidden, out_dtype)
-
-    from nvfp4stack.kernels.moe._triton_w4a16_kernels import l1_swiglu_kernel, l2_combine_kernel
-
-    grid1 = (routing.max_blocks * triton_cdiv(inter, cfg1.block_n),)
-    l1_swiglu_kernel[grid1](*l1_args, routing.max_blocks, limit, HAS_LIMIT=has_limit, **cfg1.launch_args(hidden))
-    grid2 = (routing.max_blocks * triton_cdiv(hidden, cfg2.block_n),)
-    l2_combine_kernel[grid2](*l2_args, routing.max_blocks, **cfg2.launch_args(inter))
-    return _topk_sum(rows, tokens, top_k, hidden, out_dtype)
-
-
-def _weight_args(data: torch.Tensor, scale: torch.Tensor, global_scale: torch.Tensor) -> tuple:
-    """Packed [E, N, K/2] weights and [E, N, K/16] scales with their expert and row strides."""
-    return (data, data.stride(0), data.stride(1), scale, scale.stride(0), scale.stride(1), global_scale)
-
-
-def _topk_sum(rows: torch.Tensor, tokens: int, top_k: int, hidden: int, out_dtype) -> torch.Tensor:
-    """Top-k combine in fp32 (like vLLM's moe_sum), one launch."""
-    from nvfp4stack.kernels.moe._triton_w4a16_kernels import topk_sum_kernel
-
-    out = torch.empty((tokens, hidden), dtype=out_dtype, device=rows.device)
-    block = 1024
-    topk_sum_kernel[(tokens, triton_cdiv(hidden, block))](rows, out, hidden, TOP_K=top_k, BLOCK=block, num_warps=4)
-    return out
-
-
-def _launch_decode(cfg1, cfg2, l1_args: tuple, l2_args: tuple, nblocks: int, inter: int, hidden: int,
-                   limit: float, has_limit: bool) -> None:
-    from nvfp4stack.kernels.moe import _w4a16_decode_gluon as dg
-
-    def layouts(c: DecodeConfig) -> dict:
-        mma, w_bytes, w_blocks, x_l, extra = dg.decode_layouts(c.num_warps, c.mrep, c.block_t, c.block_k, c.prefetch)
-        return dict(MMA=mma, W_BYTES=w_bytes, W_BLOCKS=w_blocks, X_L=x_l, ROWS=c.rows, BT=c.block_t,
-                    BK=c.block_k, PREFETCH=c.prefetch, W32_L=extra, num_warps=c.num_warps)
-
-    dg.l1_swiglu_decode_kernel[(inter // (cfg1.rows // 2), nblocks)](*l1_args, limit, HAS_LIMIT=has_limit, **layouts(cfg1))
-    dg.l2_decode_kernel[(hidden // cfg2.rows, nblocks)](*l2_args, **layouts(cfg2))
-
-
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 @MOE_BACKENDS.register("triton_w4a16")
-class TritonW4A16Moe(KernelBackend):
-    """NVFP4 weights dequantized in registers, bf16 activations, fused DSV4 SwiGLU (Triton)."""
+class TritonW4A16Moe(MoeBackend):
+    """Fused NVFP4 weight-only expert MLP with clamped SwiGLU (Triton; Gluon decode on sm90)."""
 
-    kind = "moe"
     provider = "nvfp4stack"
     schemes = (Scheme.NVFP4, Scheme.NVFP4_W4A16)
 
-    forward = staticmethod(nvfp4_moe_forward_triton)
-
     @classmethod
-    def warm_up_moe(cls, w13, w2, *, top_k, max_tokens, swiglu_limit, fp8_weights=None) -> list[int]:
-        from nvfp4stack.kernels.moe.warmup import warm_up
-
-        return warm_up(w13, w2, top_k, max_tokens, swiglu_limit=swiglu_limit, fp8_weights=fp8_weights)
-
-    @classmethod
-    def is_supported(cls, arch: Arch) -> Verdict:
+    def supports_arch(cls, arch: Arch) -> Verdict:
         if not arch.is_cuda:
             return False, (
                 "triton_w4a16 needs a CUDA GPU (sm80, sm89, sm90, sm100, sm120) with Triton; "
@@ -376,3 +36,37 @@ class TritonW4A16Moe(KernelBackend):
             "NVFP4 weights dequantized in registers, bf16 activations; NVFP4 (W4A4) checkpoints "
             "are served weight-only here (activation input_scale unused)"
         )
+
+    @classmethod
+    def prepare(cls, weights: MoeWeights, *, fp8_prefill: bool = False) -> PackedExperts:
+        """The packed NVFP4 experts as they are; with ``fp8_prefill`` also their FP8 row-scaled
+        copy (+1 byte per weight, built once), which ``apply`` uses from 64 routed rows per expert."""
+        for name in ("w13", "w2"):
+            w = getattr(weights, name)
+            if not isinstance(w, Nvfp4Tensor):
+                raise ValueError(f"triton_w4a16: {name} is {type(w).__name__}, expected Nvfp4Tensor; "
+                                 "MXFP4 experts run on torch_emulation or a vLLM backend (marlin)")
+        if not fp8_prefill:
+            return PackedExperts(weights)
+        from nvfp4stack.kernels.moe.hopper_w4a16.fp8_prefill import prepare_fp8_experts
+
+        return PackedExperts(weights, prepare_fp8_experts(weights.w13, weights.w2))
+
+    @classmethod
+    def apply(cls, prepared: PackedExperts, x: torch.Tensor, topk_weights: torch.Tensor,
+              topk_ids: torch.Tensor, *, swiglu_limit: float | None = None,
+              activation: str = "silu") -> torch.Tensor:
+        """'auto' mode: FP8 prefill where ``prepared`` has the copy and the load is large, else W4A16."""
+        from nvfp4stack.kernels.moe.hopper_w4a16.fused_moe import nvfp4_moe_forward_triton
+
+        w = prepared.weights
+        return nvfp4_moe_forward_triton(x, w.w13, w.w2, topk_weights, topk_ids, swiglu_limit=swiglu_limit,
+                                        activation=activation, mode="auto", fp8_weights=prepared.fp8)
+
+    @classmethod
+    def warm_up(cls, prepared: PackedExperts, *, top_k: int, max_tokens: int,
+                swiglu_limit: float | None) -> list[int]:
+        from nvfp4stack.kernels.moe.hopper_w4a16.warmup import warm_up
+
+        w = prepared.weights
+        return warm_up(w.w13, w.w2, top_k, max_tokens, swiglu_limit=swiglu_limit, fp8_weights=prepared.fp8)

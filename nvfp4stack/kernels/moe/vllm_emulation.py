@@ -1,11 +1,11 @@
 """vLLM's emulation MoE (vLLM --moe-backend emulation): dequantize + bf16 GEMM, any CUDA GPU."""
-from nvfp4stack.kernels.base import MOE_BACKENDS, VllmBackend
+from nvfp4stack.kernels.base import MOE_BACKENDS
+from nvfp4stack.kernels.vllm_backend import VllmMoeBackend
 from nvfp4stack.schemes import Scheme
 
 
 @MOE_BACKENDS.register("vllm_emulation")
-class VllmEmulationMoE(VllmBackend):
-    kind = "moe"
+class VllmEmulationMoE(VllmMoeBackend):
     vllm_moe_backend = "emulation"
     schemes = (Scheme.NVFP4, Scheme.NVFP4_W4A16, Scheme.MXFP4, Scheme.FP8_BLOCK)
     min_capability = (7, 0)

@@ -27,7 +27,7 @@ LOADS = {"flash64": ("flash", 64, 6), "pro48": ("pro", 48, 6), "flash32": ("flas
 
 
 def parse_cand(spec: str):
-    from nvfp4stack.kernels.moe.triton_w4a16 import DecodeConfig
+    from nvfp4stack.kernels.moe.hopper_w4a16.fused_moe import DecodeConfig
 
     parts = [DecodeConfig(*(int(v) for v in p.split("/"))) for p in spec.split("+")]
     return (parts[0], parts[-1])
@@ -44,8 +44,8 @@ def main() -> int:
 
     from nvfp4stack.bench.cold_l2 import cold_time_us, flush_buffer
     from nvfp4stack.bench.moe_kernel import SHAPES, _bf16_pipeline, dequant_all, random_nvfp4_experts
-    from nvfp4stack.kernels.moe import triton_w4a16 as tw
-    from nvfp4stack.kernels.moe.torch_emulation import nvfp4_moe_forward
+    from nvfp4stack.kernels.moe.hopper_w4a16 import fused_moe as tw
+    from nvfp4stack.kernels.moe.hopper_w4a16.torch_twin import nvfp4_moe_forward
     from tests.kernels.moe.decode_variants import kernel_split
 
     ap = argparse.ArgumentParser()

@@ -21,8 +21,8 @@ def main() -> int:
     import triton.testing as tt
 
     from nvfp4stack.bench.moe_kernel import SHAPES, _bf16_pipeline, balanced_routing, dequant_all, random_nvfp4_experts
-    from nvfp4stack.kernels.moe import triton_w4a16 as tw
-    from nvfp4stack.kernels.moe.torch_emulation import nvfp4_moe_forward
+    from nvfp4stack.kernels.moe.hopper_w4a16 import fused_moe as tw
+    from nvfp4stack.kernels.moe.hopper_w4a16.torch_twin import nvfp4_moe_forward
 
     p = argparse.ArgumentParser()
     p.add_argument("--shapes", default="flash,pro")
@@ -40,8 +40,8 @@ def main() -> int:
     e, k, limit = 32, 4, 10.0
     cands = tw.DECODE_CANDIDATES if a.cands == "all" else tuple(tw.DECODE_CANDIDATES[int(i)] for i in a.cands.split(","))
     table = []
-    from nvfp4stack.kernels.moe.routing import align_by_expert
-    from nvfp4stack.kernels.moe.routing_triton import align_by_expert_triton
+    from nvfp4stack.kernels.moe.hopper_w4a16.routing import align_by_expert
+    from nvfp4stack.kernels.moe.hopper_w4a16.routing_triton import align_by_expert_triton
     for per_expert in (64, 256):
         ids, _ = balanced_routing(e, per_expert, k, dev, gen)
         for bm in (16, 64):

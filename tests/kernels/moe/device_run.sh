@@ -25,7 +25,7 @@ for offs in ([16, 40], [13, 40]):
     except Exception as exc:
         print(f"offs={offs}: {type(exc).__name__}: {str(exc)[:160]}")
 PY
-timeout 220 python3 -m pytest tests/kernels/moe/test_triton_w4a16.py tests/kernels/moe/test_fp8_prefill.py \
+timeout 220 python3 -m pytest tests/kernels/moe/test_triton_w4a16.py tests/kernels/moe/test_fp8_prefill.py tests/kernels/test_backend_interface.py \
   tests/formats/test_nvfp4_cuda.py tests/formats/test_mxfp4_nvfp4_fast.py \
   tests/kernels/moe/test_routing.py -q -s -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.log" \
   | grep -E "rel err|NVFP4->FP8|passed|failed|Error|error" | tail -40

@@ -18,8 +18,8 @@ import torch
 
 from nvfp4stack.formats.fp8_block import quantize_fp8_block
 from nvfp4stack.formats.nvfp4 import quantize_nvfp4
-from nvfp4stack.kernels.moe import fp8_prefill as fp
-from nvfp4stack.kernels.moe.torch_emulation import dequantize_expert, nvfp4_moe_forward
+from nvfp4stack.kernels.moe.hopper_w4a16 import fp8_prefill as fp
+from nvfp4stack.kernels.moe.hopper_w4a16.torch_twin import dequantize_expert, nvfp4_moe_forward
 
 FP8_TOL = 8e-2
 TWIN_TOL = 1e-2
@@ -116,8 +116,8 @@ def test_fp8_path_plumbing_on_cpu(tokens, top_k):
 @pytest.mark.gpu
 @pytest.mark.parametrize("tokens", [5, 700, 3000])
 def test_fp8_mode_on_gpu(tokens):
-    """torch._scaled_grouped_mm path vs its twin and vs the NVFP4 fp32 reference (DSV4 Flash dims)."""
-    from nvfp4stack.kernels.moe.triton_w4a16 import nvfp4_moe_forward_triton
+    """torch._scaled_grouped_mm path vs its twin and vs the NVFP4 fp32 reference (bench "flash" dims)."""
+    from nvfp4stack.kernels.moe.hopper_w4a16.fused_moe import nvfp4_moe_forward_triton
 
     g = _gen("cuda")
     x, w13, w2, wts, ids = _problem(g, 16, 4096, 2048, tokens, 6, device="cuda")
@@ -131,9 +131,14 @@ def test_fp8_mode_on_gpu(tokens):
     print(f"fp8 gpu T={tokens}: rel err vs twin {e_twin:.2e}, vs NVFP4 fp32 {e_ref:.2e}")
     assert bool(torch.isfinite(out).all()), "NaN in output: a slot was not written"
     assert e_twin <= TWIN_TOL and e_ref <= FP8_TOL
-    # auto at this load with the FP8 copy must give the FP8 result (same launch sequence)
+    # the backend interface (prepare with the FP8 copy, apply in 'auto' mode) must give the FP8
+    # result at this load (same launch sequence)
+    from nvfp4stack.kernels.base import MOE_BACKENDS, MoeWeights, load_backends
+
+    load_backends()
+    be = MOE_BACKENDS.get("triton_w4a16")
     rows = tokens * 6 / 16
-    auto = nvfp4_moe_forward_triton(x, w13, w2, wts, ids, swiglu_limit=LIMIT, mode="auto", fp8_weights=f)
+    auto = be.apply(be.prepare(MoeWeights(w13, w2), fp8_prefill=True), x, wts, ids, swiglu_limit=LIMIT)
     if rows >= fp.FP8_MIN_ROWS_PER_EXPERT:
         assert _rel(auto, out) < 1e-3
     else:

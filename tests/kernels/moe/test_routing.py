@@ -4,7 +4,7 @@ import os
 import pytest
 import torch
 
-from nvfp4stack.kernels.moe.routing import align_by_expert, max_padded_slots
+from nvfp4stack.kernels.moe.hopper_w4a16.routing import align_by_expert, max_padded_slots
 
 
 def _seed() -> int:
@@ -55,8 +55,8 @@ def test_rejects_flat_ids():
 
 _TRITON_CHECK = """
 import sys, torch
-from nvfp4stack.kernels.moe.routing import align_by_expert
-from nvfp4stack.kernels.moe.routing_triton import align_by_expert_triton
+from nvfp4stack.kernels.moe.hopper_w4a16.routing import align_by_expert
+from nvfp4stack.kernels.moe.hopper_w4a16.routing_triton import align_by_expert_triton
 dev = sys.argv[1]
 g = torch.Generator().manual_seed(int(sys.argv[2]))
 bad = []

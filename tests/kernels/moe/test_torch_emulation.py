@@ -12,7 +12,7 @@ import torch
 from nvfp4stack.arch import KNOWN_ARCHS
 from nvfp4stack.formats.nvfp4 import quantize_nvfp4
 from nvfp4stack.kernels.base import MOE_BACKENDS
-from nvfp4stack.kernels.moe.torch_emulation import nvfp4_moe_forward
+from nvfp4stack.kernels.moe.hopper_w4a16.torch_twin import nvfp4_moe_forward
 from nvfp4stack.schemes import Scheme
 
 LIMIT = 10.0
@@ -136,7 +136,7 @@ def test_backend_registration():
     be = MOE_BACKENDS.get("torch_emulation")
     assert be.kind == "moe" and be.provider == "nvfp4stack"
     for arch in KNOWN_ARCHS.values():
-        ok, reason = be.is_supported(arch)
+        ok, reason = be.is_supported(arch, Scheme.NVFP4)
         assert ok and "any device" in reason
     assert be.can_implement(Scheme.NVFP4)[0] and be.can_implement(Scheme.NVFP4_W4A16)[0]
     assert be.can_implement(Scheme.MXFP4)[0]
@@ -193,7 +193,7 @@ def test_mxfp4_experts_equal_formats_dequant_then_fp32_per_slot():
     equal to an fp32 per-slot loop on those weights; ragged routing, experts with no tokens, and no
     tokens at all."""
     from nvfp4stack.formats.mxfp4 import dequantize_mxfp4
-    from nvfp4stack.kernels.moe.torch_emulation import dequantize_expert
+    from nvfp4stack.kernels.moe.hopper_w4a16.torch_twin import dequantize_expert
 
     g = _gen()
     experts, hidden, inter, top_k = 6, 96, 64, 2

@@ -1,4 +1,4 @@
-"""kernels/moe/warmup.py: the token counts that compile every triton_w4a16 binary at load.
+"""kernels/moe/hopper_w4a16/warmup.py: the token counts that compile every triton_w4a16 binary at load.
 
 CPU: the regime boundaries for real shapes, worked out by hand from the tile heuristics
 (rows/expert = tokens * top_k / experts; decode tiles: few-row T8 < 2 <= T8 <= 6 < T16 <= 16 < T32 <= 32;
@@ -11,7 +11,7 @@ import os
 import pytest
 import torch
 
-from nvfp4stack.kernels.moe import warmup as wu
+from nvfp4stack.kernels.moe.hopper_w4a16 import warmup as wu
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU with Triton")
 
@@ -66,10 +66,10 @@ def test_nothing_compiles_after_warm_up():
     from triton import knobs
 
     from nvfp4stack.formats.nvfp4 import quantize_nvfp4
-    from nvfp4stack.kernels.moe import fp8_prefill as fp
-    from nvfp4stack.kernels.moe.fp8_prefill import prepare_fp8_experts
-    from nvfp4stack.kernels.moe.torch_emulation import nvfp4_moe_forward
-    from nvfp4stack.kernels.moe.triton_w4a16 import nvfp4_moe_forward_triton
+    from nvfp4stack.kernels.moe.hopper_w4a16 import fp8_prefill as fp
+    from nvfp4stack.kernels.moe.hopper_w4a16.fp8_prefill import prepare_fp8_experts
+    from nvfp4stack.kernels.moe.hopper_w4a16.torch_twin import nvfp4_moe_forward
+    from nvfp4stack.kernels.moe.hopper_w4a16.fused_moe import nvfp4_moe_forward_triton
 
     seed = int.from_bytes(os.urandom(4), "little")
     print(f"seed={seed}")

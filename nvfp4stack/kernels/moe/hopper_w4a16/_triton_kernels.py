@@ -17,7 +17,7 @@ _TWO_POW_118 = tl.constexpr(3.3230699894622794e35)
 # Integer arguments that change with every batch size. Triton would otherwise compile one binary
 # per (== 1, % 16 == 0, other) class of each, and a server would meet the new ones mid-request
 # (1.6-2.1 s stalls on an H200, bench/RESULTS.md); with these unspecialized, each tile config has
-# one binary, which kernels/moe/warmup.py compiles at load.
+# one binary, which warmup.py compiles at load.
 _PER_CALL = ["num_slots", "max_blocks"]
 
 
@@ -52,8 +52,9 @@ def _e2m1x4_to_bf16(packed):
     (prmt) so that one shift puts two wanted nibbles at the top of both 16-bit halves, then
     sign (bit 15) and exponent|mantissa (bits 12..14 -> 6..8) are masked into place. About
     2.5 integer ops per weight against ~8 for the per-element form (DEQ=1): decode is bound
-    by this ALU work, and the change took DSV4-Pro decode from 1.13 ms to 0.69 ms on an H200.
-    The Gluon decode kernels (_w4a16_decode_gluon.py) call this function as is.
+    by this ALU work, and the change took decode at the bench "pro" shape (H 7168, I 3072)
+    from 1.13 ms to 0.69 ms on an H200.
+    The Gluon decode kernels (_decode_gluon.py) call this function as is.
     """
     return tl.inline_asm_elementwise(
         asm="""
@@ -167,7 +168,7 @@ def l1_swiglu_kernel(
     gate = acc_g * gs
     up = acc_u * gs
     if HAS_LIMIT:
-        # DeepSeek-V4 clamp (transformers deepseek_v4 _apply_gate): gate <= limit, |up| <= limit
+        # clamped SwiGLU (swiglu_limit, as torch_twin.clamped_swiglu): gate <= limit, |up| <= limit
         gate = tl.minimum(gate, limit)
         up = tl.minimum(tl.maximum(up, -limit), limit)
     h = gate * tl.sigmoid(gate) * up

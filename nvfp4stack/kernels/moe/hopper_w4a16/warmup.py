@@ -18,9 +18,9 @@ from typing import Hashable
 import torch
 
 from nvfp4stack.formats.nvfp4 import Nvfp4Tensor
-from nvfp4stack.kernels.moe import fp8_prefill
-from nvfp4stack.kernels.moe.routing_triton import MAX_SLOTS
-from nvfp4stack.kernels.moe.triton_w4a16 import decode_available, nvfp4_moe_forward_triton, pick_tiles
+from nvfp4stack.kernels.moe.hopper_w4a16 import fp8_prefill
+from nvfp4stack.kernels.moe.hopper_w4a16.routing_triton import MAX_SLOTS
+from nvfp4stack.kernels.moe.hopper_w4a16.fused_moe import decode_available, nvfp4_moe_forward_triton, pick_tiles
 
 log = logging.getLogger(__name__)
 

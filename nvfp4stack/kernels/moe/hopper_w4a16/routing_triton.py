@@ -1,8 +1,8 @@
 """``align_by_expert`` in one Triton launch (GPU): the decode-sized routing of the W4A16 MoE.
 
 routing.align_by_expert is ~20 small torch kernels (scatter, two cumsums, a stable argsort,
-searchsorted, ...): 47-78 us of a 270 us DSV4-Flash decode step in CUDA-graph replay on an H200
-(bench/moe_kernel_notes.md). Here one program of 8 warps does it: per-expert counts, padded
+searchsorted, ...): 47-78 us of a 270 us decode step at the bench "flash" shape (H 4096,
+I 2048) in CUDA-graph replay on an H200 (bench/moe_kernel_notes.md). Here one program of 8 warps does it: per-expert counts, padded
 offsets, sentinel fill, per-block expert ids, then each slot's destination from its rank among
 earlier slots of the same expert (a cumulative sum over a [chunk, experts] one-hot), which
 keeps the token-major order that the stable sort gives. Same outputs, bit for bit.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from nvfp4stack.kernels.moe.routing import AlignedRouting, align_by_expert, max_padded_slots
+from nvfp4stack.kernels.moe.hopper_w4a16.routing import AlignedRouting, align_by_expert, max_padded_slots
 
 MAX_SLOTS = 8192
 
@@ -21,7 +21,7 @@ def _kernel():
     import triton
     import triton.language as tl
 
-    # per-call sizes are not specialized (one binary per BM): see _triton_w4a16_kernels._PER_CALL
+    # per-call sizes are not specialized (one binary per BM): see _triton_kernels._PER_CALL
     @triton.jit(do_not_specialize=["num_slots", "max_padded", "max_blocks"])
     def align_kernel(
         ids_ptr, num_slots, num_experts,

@@ -40,7 +40,7 @@ def swiglu_quant_rows_kernel(
     h_ptr, stride_h, q_ptr, stride_q, s_ptr, I, limit,
     HAS_LIMIT: tl.constexpr, AMAX_FLOOR: tl.constexpr, FP8_MAX: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    """Row r of h [P, 2I] (gate | up) -> e4m3 of DSV4's clamped silu(gate) * up, in fp32."""
+    """Row r of h [P, 2I] (gate | up) -> e4m3 of the clamped silu(gate) * up (swiglu_limit), in fp32."""
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < I

@@ -2,7 +2,7 @@
 
 Imported lazily, GPU hosts only (Triton >= 3.6 with ``triton.experimental.gluon``).
 
-Why a second kernel: the Triton path (_triton_w4a16_kernels.py) has the tokens as the MMA's M
+Why a second kernel: the Triton path (_triton_kernels.py) has the tokens as the MMA's M
 side and the dequantized weight tile as B, which Triton stages through shared memory before
 every MMA; at decode that round trip alone caps it at 2.75x (Flash) / 3.4x (Pro) bf16.
 Here the operands are swapped (out^T = W x^T): weight rows are M (16-row mma.sync tiles), the
@@ -30,9 +30,9 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 # the PTX dequant (value * 2**-126 bf16 bits) of the Triton kernels, called from Gluon as is
-from nvfp4stack.kernels.moe._triton_w4a16_kernels import _block_expert, _e2m1x4_to_bf16
+from nvfp4stack.kernels.moe.hopper_w4a16._triton_kernels import _block_expert, _e2m1x4_to_bf16
 
-# tiles carry value * scale * 2**-8 (as in _triton_w4a16_kernels); the epilogue multiplies it back
+# tiles carry value * scale * 2**-8 (as in _triton_kernels); the epilogue multiplies it back
 _TILE_UNSCALE = gl.constexpr(256.0)
 _TWO_POW_118 = gl.constexpr(3.3230699894622794e35)
 
@@ -185,7 +185,7 @@ def _gemm_rows(
 
 @gluon.jit(do_not_specialize=["num_slots"])
 def l1_swiglu_decode_kernel(
-    # the operands of _triton_w4a16_kernels.l1_swiglu_kernel (shapes there), less max_blocks
+    # the operands of _triton_kernels.l1_swiglu_kernel (shapes there), less max_blocks
     x_ptr, stride_xm, w_ptr, stride_we, stride_wn, s_ptr, stride_se, stride_sn, gs_ptr, out_ptr, stride_om,
     sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots, top_k, I, H, limit,
     HAS_LIMIT: gl.constexpr,
@@ -238,7 +238,7 @@ def l1_swiglu_decode_kernel(
 
 @gluon.jit(do_not_specialize=["num_slots"])
 def l2_decode_kernel(
-    # the operands of _triton_w4a16_kernels.l2_combine_kernel (shapes there), less max_blocks
+    # the operands of _triton_kernels.l2_combine_kernel (shapes there), less max_blocks
     a_ptr, stride_am, w_ptr, stride_we, stride_wn, s_ptr, stride_se, stride_sn, gs_ptr, topk_w_ptr,
     out_ptr, stride_om, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots, H, I,
     MMA: gl.constexpr, W_BYTES: gl.constexpr, W_BLOCKS: gl.constexpr, X_L: gl.constexpr,

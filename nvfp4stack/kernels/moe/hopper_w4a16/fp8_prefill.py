@@ -23,8 +23,8 @@ import torch
 
 from nvfp4stack.formats.fp8_block import AMAX_FLOOR, E4M3_MAX, quantize_fp8_block
 from nvfp4stack.formats.nvfp4 import Nvfp4Tensor, dequantize_nvfp4
-from nvfp4stack.kernels.moe.routing_triton import align_routing
-from nvfp4stack.kernels.moe.torch_emulation import swiglu_dsv4
+from nvfp4stack.kernels.moe.hopper_w4a16.routing_triton import align_routing
+from nvfp4stack.kernels.moe.hopper_w4a16.torch_twin import clamped_swiglu
 
 MODES = ("auto", "w4a16", "fp8")
 # "auto" switches to FP8 at this many routed rows per expert (average). Measured on an H200
@@ -73,7 +73,8 @@ def _rows_fp8(w: Nvfp4Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor]:
 
 def prepare_fp8_experts(w13: Nvfp4Tensor, w2: Nvfp4Tensor) -> Fp8ExpertWeights:
     """Once at load: FP8 row-scaled copies of the NVFP4 expert weights (same device); only
-    worth it where the FP8 GEMM runs (sm90+). ~0.2 s for 32 DSV4 experts on an H200."""
+    worth it where the FP8 GEMM runs (sm90+). ~0.2 s for 32 experts of the bench "flash" shape
+    (H 4096, I 2048) on an H200."""
     a, sa = _rows_fp8(w13, "w13")
     b, sb = _rows_fp8(w2, "w2")
     return Fp8ExpertWeights(a, sa, b, sb)
@@ -132,7 +133,7 @@ def gather_quant_rows(x: torch.Tensor, tok: torch.Tensor, poison: bool = False):
     if not x.is_cuda:
         x_pad = torch.cat([x, x.new_zeros(1, x.shape[1])])
         return quantize_rows_fp8(x_pad[tok.clamp(max=x.shape[0]).to(torch.int64)])
-    from nvfp4stack.kernels.moe._fp8_prefill_kernels import gather_quant_rows_kernel
+    from nvfp4stack.kernels.moe.hopper_w4a16._fp8_prefill_kernels import gather_quant_rows_kernel
 
     rows, k = tok.numel(), x.shape[1]
     q = torch.empty(rows, k, dtype=torch.float8_e4m3fn, device=x.device)
@@ -148,8 +149,8 @@ def gather_quant_rows(x: torch.Tensor, tok: torch.Tensor, poison: bool = False):
 def swiglu_quant_rows(h: torch.Tensor, swiglu_limit: float | None, poison: bool = False):
     """h [P, 2I] (gate | up) -> per-row E4M3 of the clamped SwiGLU ([P, I], [P]), fp32 math."""
     if not h.is_cuda:
-        return quantize_rows_fp8(swiglu_dsv4(h.float(), swiglu_limit))
-    from nvfp4stack.kernels.moe._fp8_prefill_kernels import swiglu_quant_rows_kernel
+        return quantize_rows_fp8(clamped_swiglu(h.float(), swiglu_limit))
+    from nvfp4stack.kernels.moe.hopper_w4a16._fp8_prefill_kernels import swiglu_quant_rows_kernel
 
     rows, inter = h.shape[0], h.shape[1] // 2
     q = torch.empty(rows, inter, dtype=torch.float8_e4m3fn, device=h.device)
@@ -167,7 +168,7 @@ def combine_topk(y: torch.Tensor, pos: torch.Tensor, weights: torch.Tensor, out_
     """out[t] = sum_j weights[t, j] * y[pos[t, j]] in fp32; y [P, H], pos/weights [T, k]."""
     if not y.is_cuda:
         return (y[pos.to(torch.int64)].float() * weights.float()[..., None]).sum(1).to(out_dtype)
-    from nvfp4stack.kernels.moe._fp8_prefill_kernels import combine_topk_kernel
+    from nvfp4stack.kernels.moe.hopper_w4a16._fp8_prefill_kernels import combine_topk_kernel
 
     tokens, top_k = pos.shape
     hidden = y.shape[1]
@@ -242,7 +243,7 @@ def fp8_moe_forward_emulated(
         xq, xs = quantize_rows_fp8(x[slots // top_k].to(bf16))
         w13 = fp8.w13[e].float() * fp8.w13_scale[e][:, None]  # [2I, H]
         h = ((xq.float() * xs[:, None]) @ w13.T).to(bf16).float()  # [n, 2I]
-        hq, hs = quantize_rows_fp8(swiglu_dsv4(h, swiglu_limit))  # [n, I]
+        hq, hs = quantize_rows_fp8(clamped_swiglu(h, swiglu_limit))  # [n, I]
         w2 = fp8.w2[e].float() * fp8.w2_scale[e][:, None]  # [H, I]
         y = ((hq.float() * hs[:, None]) @ w2.T).to(bf16).float()  # [n, H]
         out.index_add_(0, slots // top_k, y * flat_w[slots, None])

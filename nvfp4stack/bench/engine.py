@@ -68,7 +68,7 @@ def check_settings(names: list[str]) -> list[Setting]:
 
 def synthetic_checkpoints(cfg, experts: set[str]) -> dict[str, Path]:
     """The Flash-shaped synthetic model, one directory per expert format, built once under cache_dir."""
-    from nvfp4stack.bench.engine_model import EngineModelSpec, build
+    from nvfp4stack.models.deepseek_v3.bench_model import EngineModelSpec, build
     from nvfp4stack.models.tokenizer import train_tokenizer
 
     b = cfg.bench

@@ -35,6 +35,7 @@ Models
                          for ``model.factory``; built once, then cached.
   ``shape_twins``        trained factory -> its seeded random twin (same headers, built in seconds).
   ``train(factory, cache_root, train_cfg)`` -> ``(dir, trained_now)`` for factories in ``trainable``.
+  ``train_budgets``      trainable factory -> (default train.steps, what that budget took, measured).
 
 Planning
   ``tensor_groups(hf)``  every ``TensorGroup`` from config.json alone (plans without weights), or None.
@@ -42,14 +43,22 @@ Planning
   ``kv_cache(hf, kv_dtype, block_size, mtp_layers)``  ``(stored dtype, [CacheLine])`` or None.
 
 Checkpoints and vLLM
+  ``converter_modules``                    modules whose import registers the family's own converters
+                                           (``@CONVERTERS.register``); imported with nvfp4stack.convert.
   ``served_config(src_config, targets)``   config.json for a converted checkpoint (fix-ups), or None
                                            to copy the source's.
   ``check_checkpoint(config, tensors, report)``  family structure/config checks for the doctor;
                                            returns True when the checkpoint is in the layout vLLM
                                            loads (so the vLLM load check is worth running).
   ``vllm_load_check(ckpt, report)``        vLLM's own loader on the checkpoint (doctor), optional.
-  ``serve_checkpoint(cfg, plan, build)``   the dir vLLM serves for a factory model, or None.
+  ``serve_checkpoint(cfg, plan, build)``   the dir vLLM serves for a factory model, or None;
+                                           ``serve_factories`` lists the factories it answers for.
+  ``synthetic_checkpoint(root, experts, num_layers, max_position)``  optional: a large random
+                                           checkpoint for engine benchmarks (bench.engine_model=synthetic).
   ``quantize(cfg)``                        the ``quantize`` command for this family.
+  ``export_formats``                       the family's own ``quantize.export_format`` values ->
+                                           the ``quantize.method`` values each supports (besides
+                                           the generic ``hf_unified``, modelopt's export_hf_checkpoint).
 
 Fidelity
   ``eval_levels``         the ``eval.level`` values ``fidelity`` supports.
@@ -125,6 +134,10 @@ class ModelFamily:
     tp_sharded_roles: tuple[str, ...] = ("shared_experts", "embed", "head")
     shape_twins: dict[str, str] = {}
     trainable: tuple[str, ...] = ()
+    train_budgets: dict[str, tuple[int, str]] = {}
+    export_formats: dict[str, tuple[str, ...]] = {}
+    converter_modules: tuple[str, ...] = ()
+    serve_factories: tuple[str, ...] = ()
     eval_levels: tuple[str, ...] = ()
 
     # -- roles -------------------------------------------------------------------------------

@@ -17,6 +17,9 @@ PACKAGES = (
     "nvfp4stack.models.deepseek_v3",
 )
 
+# The model a config without model=... gets (conf/model/tiny_v3.yaml: what `serve` runs by default).
+DEFAULT_MODEL = {"name": "tiny_v3", "family": "deepseek_v3", "factory": "tiny_v3"}
+
 
 @lru_cache(maxsize=1)
 def _families() -> dict[str, ModelFamily]:
@@ -73,6 +76,15 @@ def _factories() -> dict[str, tuple[ModelFamily, Callable[[Path, str], Path]]]:
     return out
 
 
+def factories() -> dict[str, Callable[[Path, str], Path]]:
+    """factory name -> builder(cache root, source_format) -> checkpoint dir, over every family."""
+    return {name: build for name, (_, build) in _factories().items()}
+
+
+def servable_factories() -> list[str]:
+    return [n for f in families() for n in f.serve_factories]
+
+
 def factory_names() -> list[str]:
     return list(_factories())
 
@@ -87,6 +99,15 @@ def get_factory(name: str) -> tuple[ModelFamily, Callable[[Path, str], Path]]:
 
 def shape_twins() -> dict[str, str]:
     return {k: v for f in families() for k, v in f.shape_twins.items()}
+
+
+def train_budgets() -> dict[str, tuple[int, str]]:
+    return {k: v for f in families() for k, v in f.train_budgets.items()}
+
+
+def train_budget(factory: str) -> tuple[int | None, str | None]:
+    """(default train.steps, what that budget took when measured) of a trainable factory."""
+    return train_budgets().get(factory, (None, None))
 
 
 def all_roles() -> tuple[str, ...]:

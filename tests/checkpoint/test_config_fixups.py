@@ -89,7 +89,7 @@ def test_serve_chain_restores_what_vllm_reads_and_transformers_still_loads():
 
 
 def test_fp8_block_ue8m0_declares_the_release_fp8_format():
-    from nvfp4stack.checkpoint.config_fixups import fp8_block_ue8m0
+    from nvfp4stack.models.deepseek_v4.config_fixups import fp8_block_ue8m0
 
     out = fp8_block_ue8m0({"quantization_config": {"moe_quant_algo": "NVFP4"}, "hidden_size": 8})
     q = out["quantization_config"]

@@ -1,10 +1,9 @@
 """End to end on the tiny DeepseekV3 (the embedded default): what ``serve`` serves vs its BF16 build.
 
-The DeepSeek-V4 harness (``eval.e2e``) emulates every role from the plan; the tiny DeepseekV3 model
-quantizes only its routed experts, with modelopt, and ``serve`` caches that export. So here the
+The tiny DeepseekV3 model quantizes only its routed experts, with modelopt, and ``serve`` caches that export. So here the
 reference is transformers' DeepseekV3 forward of the BF16 build (fp32 arithmetic) and the compared
 model is the same forward carrying the served export's NVFP4 experts
-(``models.tiny_v3.reference_model``): W4A4 fake-quantizes each expert GEMM input with the export's
+(``tiny.reference_model``): W4A4 fake-quantizes each expert GEMM input with the export's
 calibrated ``input_scale``, W4A16 keeps bf16 activations, and a plan with every routed expert BF16
 compares the BF16 build with itself (the sanity row: KL 0, top-1 agreement 1).
 """
@@ -40,14 +39,14 @@ def _routed_scheme(plan, num_layers: int, moe_layers: range) -> Scheme:
 
 def tiny_v3_e2e(cfg, batches_for) -> tuple[dict, dict]:
     """(precision summary, e2e metrics) of the recipe's tiny_v3; ``batches_for(tokenizer)`` gives the
-    evaluated prompts (the same as the DeepSeek-V4 harness uses)."""
+    evaluated prompts (the same as every family's harness uses)."""
     import torch
     from transformers import AutoTokenizer, DeepseekV3ForCausalLM
 
     from nvfp4stack.engine.plan_section import engine_plan_for
     from nvfp4stack.eval.e2e import compare_models
-    from nvfp4stack.models.tiny_v3 import TinyV3Spec, ensure_tiny_v3, reference_model
-    from nvfp4stack.tasks.serve import tiny_v3_checkpoint
+    from nvfp4stack.models.deepseek_v3.tiny import TinyV3Spec, ensure_tiny_v3, reference_model
+    from nvfp4stack.models.deepseek_v3.serve import tiny_v3_checkpoint
 
     if cfg.model.factory != "tiny_v3" or cfg.model.path:
         raise ValueError(f"eval.level=e2e for model.family=deepseek_v3: expected model.factory=tiny_v3 (the trained "
@@ -66,3 +65,12 @@ def tiny_v3_e2e(cfg, batches_for) -> tuple[dict, dict]:
     batches = batches_for(AutoTokenizer.from_pretrained(bf16))
     precision = {_ROLE: scheme.value, "checkpoint": str(served)}
     return precision, compare_models(ref, quant, batches)
+
+
+def fidelity(cfg, seed: int) -> dict:
+    """``eval.level=e2e`` metrics of the recipe's tiny_v3."""
+    from nvfp4stack.eval.prompts import eval_token_ids
+
+    precision, e2e = tiny_v3_e2e(cfg, lambda tok: eval_token_ids(tok, cfg.eval.num_prompts, cfg.eval.max_tokens, seed))
+    return {"precision": {k: v for k, v in precision.items() if k != "checkpoint"},
+            "checkpoint": precision["checkpoint"], "e2e": e2e}

@@ -3,7 +3,7 @@
 Reuses the generic driver (nvfp4stack.quantize.modelopt_ptq: ``calibrate`` with modelopt's
 NVFP4_EXPERTS_ONLY_CFG, ``snapshot_amax``). modelopt wraps transformers' fused DeepseekV4Experts
 with its _QuantFusedExperts (per-expert weight quantizers, one input quantizer per projection).
-Only amax is taken from here; the export is nvfp4stack.quantize.dsv4_export.
+Only amax is taken from here; the export is nvfp4stack.models.deepseek_v4.export.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from nvfp4stack.models.corpus import calibration_texts
-from nvfp4stack.quantize.calib_state import native_amax_from_snapshot
+from nvfp4stack.models.deepseek_v4.calib_state import native_amax_from_snapshot
 
 QUANT_CFG = "NVFP4_EXPERTS_ONLY_CFG"  # routed experts W4A4 NVFP4; shared experts, gate, attention off
 
@@ -36,7 +36,7 @@ def calibrate_dsv4(source_dir: str | Path, *, samples: int, seq_len: int, batch_
     from tqdm import tqdm
     from transformers import AutoTokenizer
 
-    from nvfp4stack.models.reference import load_reference
+    from nvfp4stack.models.deepseek_v4.reference import load_reference
     from nvfp4stack.quantize.modelopt_ptq import calibrate, snapshot_amax
 
     tokenizer = AutoTokenizer.from_pretrained(source_dir)

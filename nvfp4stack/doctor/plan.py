@@ -18,14 +18,20 @@ import re
 from fnmatch import fnmatch
 from pathlib import Path
 
-from nvfp4stack.checkpoint.doctor_report import DoctorReport
+from nvfp4stack.doctor.report import DoctorReport
 from nvfp4stack.schemes import Scheme
 
-# Roles whose modules vLLM builds with the checkpoint's quant config. The router gate, the
-# embedding, the head, the DSV4 compressor and weights_proj are built unquantized (or listed by
-# modelopt anyway), so a missing exclude entry for them is no fault.
-CHECKED_ROLES = ("routed_experts", "shared_experts", "dense_mlp", "attn.wq_a", "attn.wq_b", "attn.wkv",
-                 "attn.wkv_b", "attn.wo_a", "attn.wo_b", "indexer.wq_b", "mtp.proj")
+# The router gate, the embedding and the head are built unquantized (or listed by modelopt anyway),
+# like the family's own unquantized roles, so a missing exclude entry for them is no fault.
+UNCHECKED_ROLES = ("gate", "embed", "head")
+
+
+def checked_roles(family: str) -> frozenset[str]:
+    """Roles whose modules vLLM builds with the checkpoint's quant config, for ``family``."""
+    from nvfp4stack.models.registry import get_family
+
+    fam = get_family(family)
+    return frozenset({*fam.precision_roles, "mtp.proj"}) - {*UNCHECKED_ROLES, *fam.unquantized_roles}
 # modelopt quant_algo -> the stored scheme it makes vLLM expect.
 ALGO_SCHEMES = {"NVFP4": Scheme.NVFP4, "NVFP4_AWQ": Scheme.NVFP4, "W4A16_NVFP4": Scheme.NVFP4,
                 "FP8_PB_WO": Scheme.FP8_BLOCK, "FP8_BLOCK": Scheme.FP8_BLOCK, "MXFP4": Scheme.MXFP4}
@@ -115,8 +121,9 @@ def check_plan_agreement(plan, ckpt: str | Path, report: DoctorReport) -> None:
     if q is None:
         return
     found: dict[tuple, tuple[set[str], str]] = {}
+    checked = checked_roles(plan.family)
     for g in plan.groups:
-        if g.role not in CHECKED_ROLES or g.kernel == "-":
+        if g.role not in checked or g.kernel == "-":
             continue
         claimed = claimed_scheme(q, g.name)
         if claimed is None:

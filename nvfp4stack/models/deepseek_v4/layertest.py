@@ -23,13 +23,13 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from nvfp4stack.checkpoint.layouts import native_expert_name
-from nvfp4stack.eval.capture import Captures, expert_act_amax, experts_modules, weight_modules
+from nvfp4stack.models.deepseek_v4.layouts import native_expert_name
+from nvfp4stack.models.deepseek_v4.capture import Captures, expert_act_amax, experts_modules, weight_modules
 from nvfp4stack.eval.metrics import compare
 from nvfp4stack.eval.precision import EvalPrecision
 from nvfp4stack.formats.nvfp4 import GLOBAL_DIVISOR, fake_quantize_nvfp4_activation
 from nvfp4stack.kernels.moe.torch_emulation import dequantize_expert
-from nvfp4stack.models.reference import fake_quant_act
+from nvfp4stack.eval.emulate import fake_quant_act
 from nvfp4stack.schemes import Scheme
 
 _W = ("w1", "w2", "w3")

@@ -148,7 +148,8 @@ def ensure_trained_tiny_v3(cache_dir: str | os.PathLike, spec: TinyV3Spec = Tiny
                            train=None) -> tuple[Path, bool]:
     """(the trained model dir of :func:`ensure_tiny_v3`, whether this call trained it; False: cached)."""
     from nvfp4stack.train.config import TrainConfig
-    from nvfp4stack.train.models import key_digest, train_key, train_tiny_v3
+    from nvfp4stack.models.deepseek_v3.train import train_tiny_v3
+    from nvfp4stack.train.cache import key_digest, train_key
 
     default = TrainConfig().resolved("tiny_v3")
     cfg = (train or default).resolved("tiny_v3")

@@ -20,10 +20,9 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from nvfp4stack.checkpoint.layouts import hf_to_native, native_expert_name
-from nvfp4stack.formats.fp8_block import quantize_fp8_block
-from nvfp4stack.formats.mxfp4 import quantize_mxfp4
-from nvfp4stack.formats.nvfp4 import GLOBAL_DIVISOR, fake_quantize_nvfp4_activation, quantize_nvfp4
+from nvfp4stack.eval.emulate import emulate_weight, fake_quant_act
+from nvfp4stack.formats.nvfp4 import GLOBAL_DIVISOR
+from nvfp4stack.models.deepseek_v4.layouts import hf_to_native, native_expert_name
 from nvfp4stack.schemes import Scheme
 
 
@@ -36,35 +35,10 @@ def load_reference(model_dir: str | Path, dtype: torch.dtype = torch.float32):
     if missing:
         raise ValueError(f"load_reference({model_dir}): transformers found no checkpoint tensor for "
                          f"{sorted(missing)[:5]} ({len(missing)} in all); expected a BF16 DeepSeek-native "
-                         "checkpoint (layout a): check its names with nvfp4stack.checkpoint.layouts")
+                         "checkpoint (layout a): check its names with nvfp4stack.models.deepseek_v4.layouts")
     # transformers keeps norms / mHC / sinks in fp32 (_keep_in_fp32_modules_strict); in bf16 the fp32
     # norm output then meets bf16 linear weights and F.linear fails on dtype. Cast everything.
     return model.to(dtype).eval()
-
-
-def emulate_weight(w: torch.Tensor, scheme: Scheme, name: str,
-                   global_scale: torch.Tensor | None = None) -> torch.Tensor:
-    """``w`` [N, K] after a quantize -> dequantize round trip in ``scheme``, in w's dtype."""
-    if scheme in (Scheme.PASSTHROUGH,):
-        return w
-    if scheme is Scheme.BF16:
-        return w.to(torch.bfloat16).to(w.dtype)
-    if scheme.is_nvfp4:
-        return quantize_nvfp4(w, global_scale, name=name).dequantize(torch.float32).to(w.dtype)
-    if scheme is Scheme.MXFP4:
-        return quantize_mxfp4(w, name=name).dequantize(torch.float32).to(w.dtype)
-    if scheme is Scheme.FP8_BLOCK:
-        return quantize_fp8_block(w, ue8m0=True, name=name).dequantize(torch.float32).to(w.dtype)
-    raise ValueError(f"{name}: no emulation for scheme {scheme.value!r}")
-
-
-def fake_quant_act(x: torch.Tensor, amax: float | None, name: str) -> torch.Tensor:
-    """NVFP4 activation round trip; global scale from the calibrated amax, else this tensor's own."""
-    if x.numel() == 0:
-        return x
-    a = float(x.detach().abs().amax()) if amax is None else amax
-    scale = torch.tensor(max(a, 1e-12) / GLOBAL_DIVISOR, dtype=torch.float32)
-    return fake_quantize_nvfp4_activation(x.float(), scale, name=name, dtype=x.dtype)
 
 
 def _experts_forward_emulated(self, hidden_states, top_k_index, top_k_weights):
@@ -143,3 +117,22 @@ def apply_emulated_precision(model, scheme_for: Callable[[str], Scheme], *, act_
                 mod._native_prefix = f"layers.{layer}.ffn.experts"
                 mod.forward = types.MethodType(_experts_forward_emulated, mod)
     return applied
+
+
+def served_reference(bf16_dir: str | Path, served_dir: str | Path):
+    """transformers' DeepSeek-V4 (fp32) carrying the weights ``served_dir`` stores."""
+    from nvfp4stack.eval.served_reference import stored_schemes
+    from nvfp4stack.eval.weights import PlannedWeights
+
+    model = load_reference(bf16_dir)
+    sources = stored_schemes(served_dir)
+    if not sources:
+        raise ValueError(f"{served_dir}: no weight matrices found; expected the served DeepSeek-V4 checkpoint")
+    weights = PlannedWeights(sources, served_dir)
+    applied = apply_emulated_precision(model, lambda g: sources.get(g, Scheme.BF16), weight_fn=weights.emulate)
+    missing = sorted(g for g, s in applied.items() if g not in sources)
+    if missing:
+        raise ValueError(f"{served_dir}: the served checkpoint has no tensor for {missing[:5]} ({len(missing)} "
+                         f"in all) that the BF16 model {bf16_dir} has; expected both layouts of one model "
+                         "(native DeepSeek names, the same layer count)")
+    return model

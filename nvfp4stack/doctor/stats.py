@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from nvfp4stack.checkpoint.doctor_expect import by_group, sniff
-from nvfp4stack.checkpoint.doctor_report import DoctorReport
+from nvfp4stack.models.deepseek_v4.doctor_expect import by_group, sniff
+from nvfp4stack.doctor.report import DoctorReport
 from nvfp4stack.checkpoint.safetensors_io import TensorInfo
 from nvfp4stack.schemes import Scheme
 

@@ -7,25 +7,10 @@ attention.py, compressor.py, nvidia/model.py, nvidia/mtp.py), ``[out_features, i
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Iterator
 
-
-@dataclass(frozen=True)
-class TensorGroup:
-    name: str                 # native prefix, without the '.weight' suffix for matrices
-    shape: tuple[int, ...]
-    role: str                 # see nvfp4stack.plan.roles.ROLES
-    mtp: bool = False         # part of the multi-token-prediction block
-    dtype: str = "bf16"       # logical (unquantized) dtype: bf16, f32 or i64
-    is_matrix: bool = True    # a GEMM weight that a quantization scheme can apply to
-
-    @property
-    def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+from nvfp4stack.models.family import TensorGroup
+from nvfp4stack.schemes import Scheme
 
 
 def _compressor(prefix: str, hidden: int, head_dim: int, ratio: int, mtp: bool) -> Iterator[TensorGroup]:
@@ -140,3 +125,16 @@ def dsv4_tensor_groups(c: dict) -> Iterator[TensorGroup]:
         yield TensorGroup(f"{p}.hc_head_scale", (1,), "mhc", mtp=True, dtype="f32", is_matrix=False)
         # vLLM builds the MTP block with compress ratio 1: no compressor, no indexer.
         yield from _block(c, p, len(ratios) + m, 1, hash_routed=False, mtp=True)
+
+
+def source_scheme(group: TensorGroup, source_format: str) -> Scheme:
+    """Stored format of a DeepSeek-V4 group in one of the three known layouts."""
+    if not group.is_matrix:
+        return Scheme.PASSTHROUGH
+    if source_format == "bf16":
+        return Scheme.BF16
+    if group.role == "routed_experts":
+        return Scheme.MXFP4 if source_format == "official" else Scheme.NVFP4
+    if group.role.startswith("attn.") or group.role in ("shared_experts", "indexer.wq_b", "mtp.proj"):
+        return Scheme.FP8_BLOCK
+    return Scheme.BF16

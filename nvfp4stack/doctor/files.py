@@ -5,7 +5,7 @@ import json
 import struct
 from pathlib import Path
 
-from nvfp4stack.checkpoint.doctor_report import DoctorReport
+from nvfp4stack.doctor.report import DoctorReport
 from nvfp4stack.checkpoint.safetensors_io import DTYPES, INDEX_NAME, TensorInfo
 
 MAX_HEADER = 100 * 2**20  # safetensors' own limit on the JSON header

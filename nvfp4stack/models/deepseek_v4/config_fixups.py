@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 from typing import Callable, Iterable
 
-from nvfp4stack.models.dsv4_spec import DEFAULT_COMPRESS_RATES, ratios_from_layer_types
+from nvfp4stack.models.deepseek_v4.spec import DEFAULT_COMPRESS_RATES, ratios_from_layer_types
 from nvfp4stack.registry import Registry
 
 ConfigFixup = Callable[[dict], dict]
@@ -160,3 +160,16 @@ def apply_fixups(cfg: dict, names: Iterable[str] = SERVE_FIXUPS) -> dict:
     for name in names:
         cfg = CONFIG_FIXUPS.get(name)(cfg)
     return cfg
+
+
+def served_config(src_config: dict, targets: set) -> dict:
+    """config.json of a converted checkpoint: SERVE_FIXUPS, plus the quantization declarations the
+    plan's ``targets`` ({(role, Scheme)} converted to) need."""
+    from nvfp4stack.schemes import Scheme
+
+    fixups = list(SERVE_FIXUPS)
+    if any(t is Scheme.FP8_BLOCK for _, t in targets):
+        fixups.append("fp8_block_ue8m0")
+    if any(r == "routed_experts" and t.is_nvfp4 for r, t in targets):
+        fixups.append("moe_nvfp4")
+    return apply_fixups(src_config, fixups)

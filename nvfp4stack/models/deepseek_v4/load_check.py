@@ -25,7 +25,7 @@ so an AMX machine's CI covers the AVX2 path too.
 
 vLLM patches torch (``vllm.v1.worker.cpu.shm`` replaces ``torch.cuda.Event``, as its CPU worker
 does) and starts a process group, so the check runs in a child process:
-``python -m nvfp4stack.engine.dsv4_load_check DIR [DIR ...] --json OUT``; :func:`run_load_check`
+``python -m nvfp4stack.models.deepseek_v4.load_check DIR [DIR ...] --json OUT``; :func:`run_load_check`
 does that and returns one :class:`LoadReport` per directory.
 """
 from __future__ import annotations
@@ -95,7 +95,7 @@ def run_load_check(checkpoints: list[str | Path], mappers: tuple[str, ...] = MAP
     doctor, whose tests set the variable)."""
     with tempfile.TemporaryDirectory(prefix="nvfp4stack-loadcheck-") as tmp:
         out = Path(tmp) / "report.json"
-        cmd = [sys.executable, "-m", "nvfp4stack.engine.dsv4_load_check",
+        cmd = [sys.executable, "-m", "nvfp4stack.models.deepseek_v4.load_check",
                *[str(Path(c).resolve()) for c in checkpoints], "--json", str(out),
                "--mappers", ",".join(mappers)]
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",

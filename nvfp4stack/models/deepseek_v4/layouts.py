@@ -88,7 +88,7 @@ class LayoutError(KeyError):
 def _unknown(name: str, src: str, dst: str) -> LayoutError:
     return LayoutError(
         f"tensor {name!r}: no {src} -> {dst} name mapping (expected a DeepSeek-V4 {src} name, see "
-        f"nvfp4stack/checkpoint/layouts.py); fix the name or add the pair to _LAYER_PAIRS/_TOP_PAIRS"
+        f"nvfp4stack/models/deepseek_v4/layouts.py); fix the name or add the pair to _LAYER_PAIRS/_TOP_PAIRS"
     )
 
 

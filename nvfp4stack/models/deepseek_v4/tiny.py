@@ -1,6 +1,6 @@
 """Tiny DeepSeek-V4 factory: a structurally faithful, small, seeded random model in three layouts.
 
-(``nvfp4stack.train.models.train_tiny_dsv4`` trains it on the stdlib corpus and writes the same
+(``nvfp4stack.models.deepseek_v4.train.train_tiny_dsv4`` trains it on the stdlib corpus and writes the same
 layouts: the ``tiny_dsv4_trained`` factory.)
 
 ``build_tiny_dsv4(cache_dir, seed)`` writes, once per (seed, spec version), under ``cache_dir``:
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from nvfp4stack.models.dsv4_spec import TensorGroup, dsv4_tensor_groups
+from nvfp4stack.models.deepseek_v4.spec import TensorGroup, dsv4_tensor_groups
 
 SPEC_VERSION = 7  # bump when the recipe below changes: it is part of the cache key (4: YaRN rope, 5: window and index top-k 128, 6: 16 indexer heads,
 # 7: the tokenizer's docstring corpus read in a fresh interpreter, so a build no longer depends on import order)

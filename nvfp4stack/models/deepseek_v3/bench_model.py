@@ -3,7 +3,7 @@ benchmarks (issue #13): random weights, built where it runs (it is GBs: the GPU 
 itself), routed experts either NVFP4 (quantized like modelopt by ``formats.nvfp4``, w1/w3 under one
 global scale, modelopt's unified-export names and config) or BF16.
 
-``python -m nvfp4stack.bench.engine_model --out DIR --experts nvfp4|bf16 [--tokenizer DIR]``
+``python -m nvfp4stack.models.deepseek_v3.bench_model --out DIR --experts nvfp4|bf16 [--tokenizer DIR]``
 """
 from __future__ import annotations
 

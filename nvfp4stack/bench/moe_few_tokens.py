@@ -2,7 +2,7 @@
 
 ``python -m nvfp4stack.bench.moe_few_tokens [--shape flash] [--experts 64] [--top-k 6]
 [--tokens 1,2,4,8,16] [--routing uniform,zipf]`` (GPU host; torch + triton only). At batch 1-10
-with DeepSeek-V4-Flash's 64 local experts and top-6 most experts get no token, a load that
+with the Flash shape's 64 local experts and top-6 most experts get no token, a load that
 ``bench.moe_kernel`` (every expert ``n`` rows) never shows. Per load it times, with CUDA-graph
 replay, the tiles the forward picks, every decode tile candidate that fits the shape, the Triton
 path, and bf16 ``torch._grouped_mm`` on the same routing (gather, two grouped GEMMs, SwiGLU), and

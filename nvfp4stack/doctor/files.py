@@ -1,12 +1,16 @@
-"""Doctor, file level: shard headers, truncation, and index.json consistency (no tensor data read)."""
+"""Doctor, file level: shard headers, truncation, index.json consistency (no tensor data read), and
+the stored groups with the format their tensors hold."""
 from __future__ import annotations
 
 import json
 import struct
+from collections import defaultdict
 from pathlib import Path
 
-from nvfp4stack.doctor.report import DoctorReport
 from nvfp4stack.checkpoint.safetensors_io import DTYPES, INDEX_NAME, TensorInfo
+from nvfp4stack.doctor.report import DoctorReport
+from nvfp4stack.plan.groups import group_name
+from nvfp4stack.schemes import Scheme
 
 MAX_HEADER = 100 * 2**20  # safetensors' own limit on the JSON header
 
@@ -111,3 +115,28 @@ def check_index(index: dict, tensors: dict[str, TensorInfo], files: list[Path], 
     for f in sorted(names - set(index.values())):
         report.warn("index", f, f"not referenced by {INDEX_NAME}", "every shard referenced",
                     "remove the stray shard or regenerate the index")
+
+
+def sniff(sufs: dict[str, TensorInfo]) -> Scheme | None:
+    """Stored format of one group from its suffixes and the weight's dtype (None: cannot tell)."""
+    w = sufs.get("weight")
+    if {"weight_scale_2", "input_scale"} & set(sufs) or ("weight_scale" in sufs and w is not None and w.dtype == "U8"):
+        return Scheme.NVFP4
+    if w is None:
+        return None
+    if w.dtype in ("U8", "I8"):
+        # packed E2M1 without any scale tensor: NVFP4 or MXFP4 cannot be told; the role's majority decides
+        return Scheme.MXFP4 if "scale" in sufs else None
+    if w.dtype.startswith("F8"):
+        return Scheme.FP8_BLOCK
+    if w.dtype in ("BF16", "F16", "F32"):
+        return Scheme.BF16
+    return None
+
+
+def by_group(tensors: dict[str, TensorInfo]) -> dict[str, dict[str, TensorInfo]]:
+    out: dict[str, dict[str, TensorInfo]] = defaultdict(dict)
+    for name, info in tensors.items():
+        g, suf = group_name(name)
+        out[g][suf] = info
+    return out

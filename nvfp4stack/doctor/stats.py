@@ -3,7 +3,7 @@
 Tensors are read one at a time (``safe_open``; raw reads for a shard safe_open rejects), so memory
 stays at one tensor whatever the checkpoint size. Thresholds were set on the tiny models' real
 scales (UE8M0 MXFP4 expert scales: 6 distinct bytes in 122..127; UE4M3 NVFP4 block scales: 45
-distinct bytes, median 91 for tiny DSV4, 14-20 distinct around 118 for tiny V3) and on planted
+distinct bytes, median 91 for the tiny flagship model, 14-20 distinct around 118 for the tiny default) and on planted
 faults (tests/checkpoint/test_doctor.py).
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from nvfp4stack.models.deepseek_v4.doctor_expect import by_group, sniff
+from nvfp4stack.doctor.files import by_group, sniff
 from nvfp4stack.doctor.report import DoctorReport
 from nvfp4stack.checkpoint.safetensors_io import TensorInfo
 from nvfp4stack.schemes import Scheme

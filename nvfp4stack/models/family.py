@@ -51,6 +51,9 @@ Checkpoints and vLLM
                                            returns True when the checkpoint is in the layout vLLM
                                            loads (so the vLLM load check is worth running).
   ``vllm_load_check(ckpt, report)``        vLLM's own loader on the checkpoint (doctor), optional.
+  ``vllm_quant_methods``                   vLLM quantization methods of the family's own checkpoints
+                                           that the plugin may sit on (tried before plain fp8).
+  ``vllm_tokenizer_modes``                 vLLM ``--tokenizer-mode`` values the family adds.
   ``serve_checkpoint(cfg, plan, build)``   the dir vLLM serves for a factory model, or None;
                                            ``serve_factories`` lists the factories it answers for.
   ``synthetic_checkpoint(root, experts, num_layers, max_position)``  optional: a large random
@@ -137,6 +140,8 @@ class ModelFamily:
     train_budgets: dict[str, tuple[int, str]] = {}
     export_formats: dict[str, tuple[str, ...]] = {}
     converter_modules: tuple[str, ...] = ()
+    vllm_quant_methods: tuple[str, ...] = ()
+    vllm_tokenizer_modes: tuple[str, ...] = ()
     serve_factories: tuple[str, ...] = ()
     eval_levels: tuple[str, ...] = ()
 
@@ -203,6 +208,10 @@ class ModelFamily:
 
     def serve_checkpoint(self, cfg, plan, build: bool = True) -> Path | None:
         """The directory vLLM serves for ``cfg.model.factory``, or None when the family has none."""
+        return None
+
+    def synthetic_checkpoint(self, root: Path, experts: str, num_layers: int, max_position: int) -> Path | None:
+        """A large random checkpoint for engine benchmarks, built once under ``root``; None: none."""
         return None
 
     def quantize(self, cfg) -> int:

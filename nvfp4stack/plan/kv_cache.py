@@ -21,7 +21,7 @@ class CacheLine:
     page_bytes: int
     tokens_per_page: int
     bytes_per_token: float = 0.0     # grows with context (per GPU, all such layers)
-    bytes_per_seq: float = 0.0       # fixed per sequence (sliding windows, compressor state)
+    bytes_per_seq: float = 0.0       # fixed per sequence (sliding windows, per-sequence state)
 
 
 def _round_up(n: int, align: int) -> int:
@@ -37,7 +37,7 @@ def window_pages(window: int, block: int) -> int:
     return -(-(window - 1 + DECODE_IN_FLIGHT) // block) + 1
 
 
-def kv_cache_report(hf_config: dict, engine_cfg, arch_cfg, weight_bytes_per_gpu: float, family=None) -> dict:
+def kv_cache_report(hf_config: dict, engine_cfg, arch_cfg, weight_bytes_per_gpu: float, family=None) -> dict | None:
     """KV bytes per token / per sequence on one GPU and what fits after the weights.
 
     Args:
@@ -47,7 +47,7 @@ def kv_cache_report(hf_config: dict, engine_cfg, arch_cfg, weight_bytes_per_gpu:
         weight_bytes_per_gpu: the plan's per-GPU weight bytes.
         family: the model's ``ModelFamily`` (default: the one config.json names).
     Returns:
-        a JSON-able dict; ``format_kv_report`` prints it.
+        a JSON-able dict (``format_kv_report`` prints it), or None when the family computes no KV plan.
     """
     kv_dtype = getattr(engine_cfg, "kv_cache_dtype", "auto")
     block = getattr(engine_cfg, "block_size", None)
@@ -59,8 +59,7 @@ def kv_cache_report(hf_config: dict, engine_cfg, arch_cfg, weight_bytes_per_gpu:
         family = family_for_config(hf_config)
     found = family.kv_cache(hf_config, kv_dtype, block, mtp_layers)
     if found is None:
-        raise ValueError(f"kv_cache_report: model family {family.name!r} computes no KV cache plan "
-                         f"(ModelFamily.kv_cache); only families that do are planned")
+        return None
     stored, lines = found
     per_token = sum(c.bytes_per_token for c in lines)
     per_seq = sum(c.bytes_per_seq for c in lines)

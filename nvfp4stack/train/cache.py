@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 
 from nvfp4stack.train.config import TrainConfig
-from nvfp4stack.train.data import DATA_VERSION, corpus_digest, corpus_streams, heldout_batches
-from nvfp4stack.train.loop import heldout_loss, train_loop
+from nvfp4stack.train.data import DATA_VERSION, corpus_digest, heldout_batches
+from nvfp4stack.train.loop import heldout_loss
 
 MANIFEST = "train_manifest.json"
 STAMP = "nvfp4stack_spec.json"  # the cache key; serve's NVFP4 export is keyed on its text
@@ -57,7 +57,7 @@ def _round_to_bf16_(model) -> None:
             p.copy_(p.to(torch.bfloat16).float())
 
 
-def _finish(model, streams, cfg: TrainConfig, stats: dict, key: dict, t_start: float) -> dict:
+def finish_manifest(model, streams, cfg: TrainConfig, stats: dict, key: dict, t_start: float) -> dict:
     """Score the served (bf16-rounded) weights on the held-out split and assemble the manifest."""
     _round_to_bf16_(model)
     served = heldout_loss(model, heldout_batches(streams.heldout, cfg), cfg)

@@ -158,6 +158,21 @@ def build(out: str | Path, experts: str = "nvfp4", spec: EngineModelSpec = Engin
     return out
 
 
+def synthetic_checkpoint(root: Path, experts: str, num_layers: int, max_position: int) -> Path:
+    """The synthetic model with ``experts`` (nvfp4 or bf16) routed experts under ``root`` (built once)."""
+    from nvfp4stack.models.tokenizer import train_tokenizer
+
+    spec = EngineModelSpec(num_hidden_layers=num_layers, max_position_embeddings=max_position)
+    tok = root / f"tokenizer-{spec.vocab_size}"
+    if not (tok / "tokenizer.json").exists():
+        train_tokenizer(tok, spec.vocab_size)
+    d = root / f"{experts}-L{spec.num_hidden_layers}-h{spec.hidden_size}-e{spec.n_routed_experts}x{spec.moe_intermediate_size}"
+    if not (d / "config.json").exists():
+        print(f"[bench engine] building the synthetic {experts} checkpoint -> {d}", flush=True)
+        build(d, experts, spec, tokenizer=tok)
+    return d
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)

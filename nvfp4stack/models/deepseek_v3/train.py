@@ -7,12 +7,11 @@ from pathlib import Path
 
 import torch
 
-from nvfp4stack.train.cache import MANIFEST, STAMP, _finish, announce, print_summary
+from nvfp4stack.train.cache import (MANIFEST, STAMP, announce, finish_manifest, print_summary, train_key)
 from nvfp4stack.train.config import TrainConfig
 from nvfp4stack.train.data import corpus_streams
 from nvfp4stack.train.loop import train_loop
 
-from nvfp4stack.train.cache import train_key
 
 
 def train_tiny_v3(out_dir: str | Path, spec, cfg: TrainConfig) -> Path:
@@ -43,7 +42,7 @@ def train_tiny_v3(out_dir: str | Path, spec, cfg: TrainConfig) -> Path:
                     layer.mlp.gate.e_score_correction_bias.uniform_(-0.05, 0.05)
         streams = corpus_streams(tok, cfg)
         stats = train_loop(model, streams, cfg, desc="train tiny_v3")
-        manifest = _finish(model, streams, cfg, stats, key, t_start)
+        manifest = finish_manifest(model, streams, cfg, stats, key, t_start)
         model.to(torch.bfloat16).save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
         shutil.rmtree(tmp / "tok")

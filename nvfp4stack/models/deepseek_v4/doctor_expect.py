@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
+from nvfp4stack.doctor.files import by_group, sniff
 from nvfp4stack.doctor.report import DoctorReport
 from nvfp4stack.checkpoint.safetensors_io import TensorInfo
 from nvfp4stack.models.deepseek_v4.spec import TensorGroup, dsv4_tensor_groups
-from nvfp4stack.plan.groups import group_name
 from nvfp4stack.schemes import Scheme
 
 FP8_BLOCK = 128
@@ -40,23 +40,6 @@ def expected_tensors(tg: TensorGroup, scheme: Scheme | None) -> dict[str, tuple[
     return {"weight": ({"BF16"}, (n, k))}
 
 
-def sniff(sufs: dict[str, TensorInfo]) -> Scheme | None:
-    """Stored format of one group from its suffixes and the weight's dtype (None: cannot tell)."""
-    w = sufs.get("weight")
-    if {"weight_scale_2", "input_scale"} & set(sufs) or ("weight_scale" in sufs and w is not None and w.dtype == "U8"):
-        return Scheme.NVFP4
-    if w is None:
-        return None
-    if w.dtype in ("U8", "I8"):
-        # packed E2M1 without any scale tensor: NVFP4 or MXFP4 cannot be told; the role's majority decides
-        return Scheme.MXFP4 if "scale" in sufs else None
-    if w.dtype.startswith("F8"):
-        return Scheme.FP8_BLOCK
-    if w.dtype in ("BF16", "F16", "F32"):
-        return Scheme.BF16
-    return None
-
-
 def _from_config(sufs: dict[str, TensorInfo], config: dict) -> Scheme:
     """Last resort when no group of a role kept its scales: the weight dtype plus config.json."""
     w = sufs.get("weight")
@@ -66,14 +49,6 @@ def _from_config(sufs: dict[str, TensorInfo], config: dict) -> Scheme:
     if w is not None and w.dtype.startswith("F8"):
         return Scheme.FP8_BLOCK
     return Scheme.BF16
-
-
-def by_group(tensors: dict[str, TensorInfo]) -> dict[str, dict[str, TensorInfo]]:
-    out: dict[str, dict[str, TensorInfo]] = defaultdict(dict)
-    for name, info in tensors.items():
-        g, suf = group_name(name)
-        out[g][suf] = info
-    return out
 
 
 def _stored_name(group: str, suffix: str) -> str:

@@ -54,6 +54,8 @@ class DeepseekV4Family(ModelFamily):
     train_budgets = {"tiny_dsv4": (100, "329 s on 2 shared cores")}
     export_formats = {"dsv4": ("modelopt", "cast")}  # modelopt's DeepSeek-V4 layout
     converter_modules = ("nvfp4stack.models.deepseek_v4.compressor_fuse",)
+    vllm_quant_methods = ("deepseek_v4_fp8",)   # DeepseekV4FP8Config: the release's FP8 + MXFP4 format
+    vllm_tokenizer_modes = ("deepseek_v4",)
     eval_levels = ("layertest", "e2e")
 
     def check_hard_rules(self, group, source, target) -> None:

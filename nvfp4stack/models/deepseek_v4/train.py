@@ -7,12 +7,12 @@ from pathlib import Path
 
 import torch
 
-from nvfp4stack.train.cache import MANIFEST, STAMP, _finish, announce, print_summary
+from nvfp4stack.train.cache import (MANIFEST, STAMP, announce, file_sha256, finish_manifest, key_digest,
+                                    print_summary, train_key)
 from nvfp4stack.train.config import TrainConfig
 from nvfp4stack.train.data import corpus_streams
 from nvfp4stack.train.loop import train_loop
 
-from nvfp4stack.train.cache import file_sha256, key_digest, train_key
 
 
 def train_tiny_dsv4(cache_dir: str | Path, cfg: TrainConfig, seed: int = 0) -> Path:
@@ -75,7 +75,7 @@ def ensure_trained_tiny_dsv4(cache_dir: str | Path, cfg: TrainConfig, seed: int 
         write_layouts(tmp, state, config, tok_dir)
         shutil.copytree(tok_dir, tmp / "tokenizer")
         stored = load_reference(tmp / "bf16", torch.float32)
-        manifest = _finish(stored, streams, cfg, stats, key, t_start)
+        manifest = finish_manifest(stored, streams, cfg, stats, key, t_start)
         manifest["stored_as"] = "bf16, routed experts on the MXFP4 grid, MTP as built"
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
         (tmp / STAMP).write_text(json.dumps(key, sort_keys=True))

@@ -5,7 +5,7 @@ import copy
 
 import pytest
 
-from nvfp4stack.checkpoint import config_fixups as F
+from nvfp4stack.models.deepseek_v4 import config_fixups as F
 
 SAVED = {  # the shape of what transformers 5.19 save_pretrained writes for DeepSeek-V4
     "model_type": "deepseek_v4", "num_hidden_layers": 4, "head_dim": 512, "partial_rotary_factor": 0.125,

@@ -43,13 +43,18 @@ def header_dir(model, cache_dir: str) -> Path | None:
     return model_dir(model, cache_dir)
 
 
+def descriptor_files() -> dict[str, Path]:
+    """Weight-free config.json descriptors by name: models/descriptors/ and each family's descriptors/."""
+    found = sorted(DESCRIPTORS.glob("*.json")) + sorted(DESCRIPTORS.parent.glob("*/descriptors/*.json"))
+    return {p.stem: p for p in found}
+
+
 def config_json_path(model, cache_dir: str) -> Path:
     if model.descriptor and not model.path:
-        p = DESCRIPTORS / f"{model.descriptor}.json"
-        if not p.exists():
-            valid = sorted(x.stem for x in DESCRIPTORS.glob("*.json"))
-            raise FileNotFoundError(f"model.descriptor={model.descriptor!r} not found; valid: {', '.join(valid)}")
-        return p
+        known = descriptor_files()
+        if model.descriptor not in known:
+            raise FileNotFoundError(f"model.descriptor={model.descriptor!r} not found; valid: {', '.join(sorted(known))}")
+        return known[model.descriptor]
     d = header_dir(model, cache_dir)
     assert d is not None
     return d / "config.json"

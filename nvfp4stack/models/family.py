@@ -40,7 +40,8 @@ Models
 Planning
   ``tensor_groups(hf)``  every ``TensorGroup`` from config.json alone (plans without weights), or None.
   ``source_scheme(group, source_format)``  stored scheme of such a group (``model.source_format``).
-  ``kv_cache(hf, kv_dtype, block_size, mtp_layers)``  ``(stored dtype, [CacheLine])`` or None.
+  ``kv_cache(hf, kv_dtype, block_size, mtp_layers, tp)``  ``(stored dtype, [CacheLine])`` per GPU under
+                         ``tp`` tensor-parallel ranks, or None.
 
 Checkpoints and vLLM
   ``converter_modules``                    modules whose import registers the family's own converters
@@ -190,8 +191,9 @@ class ModelFamily:
     def source_scheme(self, group: TensorGroup, source_format: str):
         raise self._missing("source_scheme", f"model.source_format={source_format!r}", "a checkpoint with weights")
 
-    def kv_cache(self, hf: dict, kv_dtype: str, block_size: int | None, mtp_layers: int):
-        """``(stored dtype, [CacheLine])`` for the plan's KV section, or None (no KV section)."""
+    def kv_cache(self, hf: dict, kv_dtype: str, block_size: int | None, mtp_layers: int, tp: int = 1):
+        """``(stored dtype, [CacheLine])`` per GPU for the plan's KV section, or None (no KV section);
+        ``tp``: tensor-parallel ranks (attention with several KV heads splits them over the ranks)."""
         return None
 
     # -- checkpoints, vLLM -------------------------------------------------------------------

@@ -57,7 +57,7 @@ def kv_cache_report(hf_config: dict, engine_cfg, arch_cfg, weight_bytes_per_gpu:
         from nvfp4stack.models.registry import family_for_config
 
         family = family_for_config(hf_config)
-    found = family.kv_cache(hf_config, kv_dtype, block, mtp_layers)
+    found = family.kv_cache(hf_config, kv_dtype, block, mtp_layers, tp=int(getattr(engine_cfg, "tp", 1) or 1))
     if found is None:
         return None
     stored, lines = found
@@ -91,8 +91,7 @@ def kv_cache_report(hf_config: dict, engine_cfg, arch_cfg, weight_bytes_per_gpu:
 
 def format_kv_report(d: dict) -> str:
     """The KV section of ``plan``'s printout."""
-    lines = [f"KV cache per GPU ({d['kv_cache_dtype']} -> stored as {d['stored_as']}, block {d['block_size'] or 'default'};"
-             " replicated on every TP rank: one latent KV head)"]
+    lines = [f"KV cache per GPU ({d['kv_cache_dtype']} -> stored as {d['stored_as']}, block {d['block_size'] or 'default'})"]
     for c in d["caches"]:
         grow = f"{c['bytes_per_token']:10.2f} B/token" if c["bytes_per_token"] else " " * 17
         fixed = f"{c['bytes_per_seq'] / 2**20:8.2f} MiB/seq" if c["bytes_per_seq"] else ""

@@ -86,7 +86,8 @@ class DeepseekV4Family(ModelFamily):
 
         return source_scheme(group, source_format)
 
-    def kv_cache(self, hf: dict, kv_dtype: str, block_size: int | None, mtp_layers: int):
+    def kv_cache(self, hf: dict, kv_dtype: str, block_size: int | None, mtp_layers: int, tp: int = 1):
+        # one latent KV head: every TP rank holds the whole cache, whatever tp is
         from nvfp4stack.models.deepseek_v4.kv_cache import dsv4_cache_lines, resolve_kv_dtype
 
         return resolve_kv_dtype(kv_dtype), dsv4_cache_lines(hf, kv_dtype, block_size, mtp_layers)

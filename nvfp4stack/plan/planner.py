@@ -15,6 +15,11 @@ from nvfp4stack.plan.memory import Layout, group_bytes, shard_factor
 from nvfp4stack.plan.rules import PrecisionRule, first_match
 from nvfp4stack.schemes import Scheme
 
+# A routed expert's (gate, up) projection names, by checkpoint layout (native w1/w3, transformers):
+# fused gate_up kernels read one global scale for the pair.
+GATE_UP_PAIRS = (("w1", "w3"), ("gate_proj", "up_proj"))
+_GATE_UP_SUFFIXES = tuple(f".{p}" for pair in GATE_UP_PAIRS for p in pair)
+
 
 class PlanError(ValueError):
     """The requested precision/backend/arch combination breaks a rule; the message says which and the fix."""
@@ -224,9 +229,9 @@ def decide(group: TensorGroup, source: Scheme, requested: Scheme, *, family: str
     if not group.is_matrix:
         return Decision(stored, stored, "-", None)
     converter = converter_for(source, stored, group.name)
-    if converter == "bf16_to_nvfp4" and group.role == "routed_experts" and group.name.endswith((".w1", ".w3")):
-        # Fused gate_up kernels read one global scale for w1 and w3 (vLLM keeps w1's and
-        # warns otherwise): quantize the pair together under max(gs1, gs3).
+    if converter == "bf16_to_nvfp4" and group.role == "routed_experts" and group.name.endswith(_GATE_UP_SUFFIXES):
+        # Fused gate_up kernels read one global scale for gate and up (vLLM keeps gate's and
+        # warns otherwise): quantize the pair together under max(gs_gate, gs_up).
         converter = "w13_shared_global_scale"
     if stored is Scheme.BF16:
         return Decision(stored, stored, "unquantized", converter)

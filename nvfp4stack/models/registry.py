@@ -15,6 +15,7 @@ from nvfp4stack.models.family import GENERIC_ROLES, ModelFamily
 PACKAGES = (
     "nvfp4stack.models.deepseek_v4",
     "nvfp4stack.models.deepseek_v3",
+    "nvfp4stack.models.qwen3_moe",
 )
 
 # The model a config without model=... gets (conf/model/tiny_v3.yaml: what `serve` runs by default).

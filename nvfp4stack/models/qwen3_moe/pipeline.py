@@ -7,6 +7,7 @@ from pathlib import Path
 
 from nvfp4stack.schemes import Scheme
 
+FAMILY_NAME = "qwen3_moe"
 FACTORY = "tiny_qwen3_moe"
 MODELOPT_CONFIG = "NVFP4_EXPERTS_ONLY_CFG"   # routed experts only; attention, gate, embed, head stay BF16
 
@@ -103,7 +104,7 @@ def quantize(cfg) -> int:
     bf16 = _bf16_expert_layers(engine_plan_for(cfg), layers)
     _export(src, out, q, bf16)
     report = write_report(run_dir, method=f"modelopt/{MODELOPT_CONFIG}", out_dir=out, before_dir=src,
-                          reference_dir=src, extra={"bf16_expert_layers": bf16})
+                          reference_dir=src, extra={"bf16_expert_layers": bf16}, family=FAMILY_NAME)
     rel = report["weight_error_vs_bf16"].get("routed_experts", {}).get("rel_error")
     print(f"quantize: wrote {out}; routed-expert rel error vs BF16 = {rel}; bytes {report['bytes_before']:,} -> "
           f"{report['bytes_after']:,}; report in {run_dir}")

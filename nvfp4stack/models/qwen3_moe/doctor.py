@@ -36,7 +36,11 @@ def _check_group(name: str, shape: tuple, tensors: dict, report) -> None:
     if w.dtype == "U8":   # NVFP4: two E2M1 values per byte, one UE4M3 scale per 16
         for part, dtype in NVFP4_PARTS.items():
             t = tensors.get(f"{name}.{part}")
-            if t is None or t.dtype != dtype:
+            if t is None and part == "input_scale":   # e.g. a data-free `convert`: weights only
+                report.error("structure", f"{name}.input_scale", "absent", "F32 activation scale (vLLM's NVFP4 MoE "
+                             "loads one per projection)", "calibrate: `python main.py recipe=... quantize` "
+                             "(modelopt) instead of a data-free convert")
+            elif t is None or t.dtype != dtype:
                 report.error("structure", f"{name}.{part}", "absent" if t is None else t.dtype,
                              f"{dtype} (modelopt NVFP4)", "re-export with modelopt; the NVFP4 set is incomplete")
         expect = {"weight": (shape[0], shape[1] // 2), "weight_scale": (shape[0], shape[1] // 16)}

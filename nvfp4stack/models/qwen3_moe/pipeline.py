@@ -109,3 +109,19 @@ def quantize(cfg) -> int:
     print(f"quantize: wrote {out}; routed-expert rel error vs BF16 = {rel}; bytes {report['bytes_before']:,} -> "
           f"{report['bytes_after']:,}; report in {run_dir}")
     return 0
+
+
+def served_config(src_config: dict, targets: set) -> dict | None:
+    """config.json of a ``convert`` output: with routed experts converted to NVFP4, the modelopt NVFP4
+    quantization_config vLLM loads them with (group 16; everything but the routed experts excluded,
+    as modelopt's own export lists it). None (copy the source's) for other targets."""
+    if not any(role == "routed_experts" and scheme.is_nvfp4 for role, scheme in targets):
+        return None
+    layers = int(src_config["num_hidden_layers"])
+    ignore = ["lm_head", "model.embed_tokens"]
+    for i in range(layers):
+        ignore += [f"model.layers.{i}.mlp.gate", f"model.layers.{i}.self_attn*"]
+    fp4 = {"dynamic": False, "group_size": 16, "num_bits": 4, "type": "float"}
+    quant = {"quant_method": "modelopt", "quant_algo": "NVFP4", "ignore": ignore,
+             "config_groups": {"group_0": {"input_activations": fp4, "weights": fp4, "targets": ["Linear"]}}}
+    return {**src_config, "quantization_config": quant}

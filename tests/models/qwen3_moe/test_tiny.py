@@ -84,8 +84,8 @@ def test_doctor_accepts_both_builds_and_names_a_missing_scale(built, tmp_path):
 
     from safetensors.torch import load_file, save_file
 
-    from nvfp4stack.checkpoint.doctor_files import read_checkpoint
-    from nvfp4stack.checkpoint.doctor_report import DoctorReport
+    from nvfp4stack.doctor.files import read_checkpoint
+    from nvfp4stack.doctor.report import DoctorReport
 
     _, bf16, nvfp4 = built
     for ckpt in (bf16, nvfp4):

@@ -171,7 +171,8 @@ def main(argv: list[str] | None = None) -> None:
         from nvfp4stack.config import COMMANDS
 
         print(f"usage: python main.py [-m] [key=value ...] <command>\n  commands: {', '.join(COMMANDS)}\n"
-              "  e.g.: python main.py recipe=dsv4_b200 plan\n(Hydra's own help follows)\n")
+              f"  recipes: {', '.join(sorted(p.stem for p in RECIPES_DIR.glob('*.yaml')))}\n"
+              "  e.g.: python main.py recipe=<recipe> plan\n(Hydra's own help follows)\n")
     command, overrides, flags = split_command(argv)
     check_override_keys(overrides)
     overrides = _recipe_override(overrides)

@@ -5,12 +5,13 @@ import Hydra. Unknown keys are rejected by OmegaConf's structured-config merge.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass, make_dataclass
 
 from nvfp4stack.bench.config import BenchConfig
 from nvfp4stack.convert.config import ConvertConfig
 from nvfp4stack.engine.config import EngineConfig
 from nvfp4stack.eval.config import EvalConfig
+from nvfp4stack.models.registry import DEFAULT_MODEL
 from nvfp4stack.plan.rules import PrecisionRule
 from nvfp4stack.quantize.config import QuantizeConfig
 from nvfp4stack.schemes import Scheme
@@ -18,7 +19,6 @@ from nvfp4stack.train.config import TrainConfig
 
 COMMANDS = ("plan", "quantize", "convert", "serve", "eval", "bench", "doctor", "train")
 SOURCE_FORMATS = ("bf16", "official", "modelopt")
-FAMILIES = ("deepseek_v4", "deepseek_v3")
 
 
 def _check_choice(key: str, value: str, valid: tuple[str, ...] | list[str]) -> None:
@@ -34,16 +34,18 @@ class ModelConfig:
     weights); ``factory``: a tiny model built locally on first use; ``path``: a checkpoint dir.
     """
 
-    name: str = "tiny_v3"
-    family: str = "deepseek_v3"
+    name: str = DEFAULT_MODEL["name"]
+    family: str = DEFAULT_MODEL["family"]   # a registered model family (nvfp4stack/models/registry.py)
     descriptor: str | None = None
-    factory: str | None = "tiny_v3"
+    factory: str | None = DEFAULT_MODEL["factory"]
     path: str | None = None
     source_format: str = "bf16"   # bf16 | official (FP8 attn + MXFP4 experts) | modelopt
     served_name: str | None = None
 
     def __post_init__(self) -> None:
-        _check_choice("model.family", self.family, FAMILIES)
+        from nvfp4stack.models.registry import get_family
+
+        get_family(self.family)  # the error lists the registered families
         _check_choice("model.source_format", self.source_format, SOURCE_FORMATS)
         if not (self.descriptor or self.factory or self.path):
             raise ValueError(
@@ -67,39 +69,23 @@ class ArchConfig:
 
 
 _SCHEMES = [s.value for s in Scheme]
+_NOT_ROLES = ("mtp", "fp8_scale_fmt", "rules")
 
 
 @dataclass
-class AttnPrecision:
-    wq_a: str = "passthrough"
-    wq_b: str = "passthrough"
-    wkv: str = "passthrough"
-    wkv_b: str = "passthrough"
-    wo_a: str = "passthrough"
-    wo_b: str = "passthrough"
-
-
-@dataclass
-class IndexerPrecision:
-    wq_b: str = "passthrough"
-    weights_proj: str = "passthrough"
-
-
-@dataclass
-class PrecisionConfig:
+class _PrecisionBase:
     """Target scheme per module role. ``passthrough`` keeps the checkpoint's own format.
 
     ``rules`` come first and the first matching rule wins (llm-compressor targets/ignore,
     ``re:`` regexes and globs); then ``mtp`` (unless ``inherit``) for the MTP block; then the
-    per-role fields.
+    per-role fields: the generic roles below plus the attention projections (``attn.<proj>``) and
+    extra roles the model families declare (nvfp4stack/models/<family>/family.py).
     """
 
     routed_experts: str = "nvfp4"
     shared_experts: str = "passthrough"
+    dense_mlp: str = "passthrough"
     gate: str = "passthrough"
-    attn: AttnPrecision = field(default_factory=AttnPrecision)
-    compressor: str = "passthrough"
-    indexer: IndexerPrecision = field(default_factory=IndexerPrecision)
     embed: str = "passthrough"
     head: str = "passthrough"
     mtp: str = "passthrough"          # passthrough = MTP untouched; inherit = follow the roles
@@ -113,12 +99,52 @@ class PrecisionConfig:
         _check_choice("precision.fp8_scale_fmt", self.fp8_scale_fmt, ("ue8m0", "fp32"))
 
     def role_schemes(self) -> dict[str, str]:
-        """Flat role -> scheme map ('attn.wo_a' -> 'fp8_block', ...)."""
-        flat = {k: getattr(self, k) for k in
-                ("routed_experts", "shared_experts", "gate", "compressor", "embed", "head")}
-        flat.update({f"attn.{k}": v for k, v in vars(self.attn).items()})
-        flat.update({f"indexer.{k}": v for k, v in vars(self.indexer).items()})
+        """Flat role -> scheme map ('routed_experts' -> 'nvfp4', 'attn.<proj>' -> 'fp8_block', ...)."""
+        flat: dict[str, str] = {}
+        for f in fields(self):
+            if f.name in _NOT_ROLES:
+                continue
+            value = getattr(self, f.name)
+            if is_dataclass(value):
+                flat.update({f"{f.name}.{k}": v for k, v in vars(value).items()})
+            else:
+                flat[f.name] = value
         return flat
+
+    def foreign_keys(self, family) -> dict[str, str]:
+        """Keys set to a scheme that name no role of ``family`` (a ModelFamily): they select nothing."""
+        own = set(family.precision_roles)
+        return {k: v for k, v in self.role_schemes().items() if v != "passthrough" and k not in own}
+
+
+def _precision_schema() -> type:
+    """PrecisionConfig: the generic roles plus every registered family's precision keys, dotted keys
+    as nested groups (``attn.<proj>`` -> ``precision.attn.<proj>``), each defaulting to passthrough."""
+    from nvfp4stack.models.registry import precision_keys
+
+    top: list[str] = []
+    nested: dict[str, list[str]] = {}
+    for key in precision_keys():
+        head, _, rest = key.partition(".")
+        if rest:
+            nested.setdefault(head, []).append(rest)
+        else:
+            top.append(key)
+    extra: list[tuple] = [(k, str, field(default="passthrough")) for k in top]
+    for head, names in nested.items():
+        group = make_dataclass(f"{head.capitalize()}Precision", [(n, str, field(default="passthrough")) for n in names])
+        group.__module__ = __name__
+        GROUP_PRECISIONS[head] = group
+        extra.append((head, group, field(default_factory=group)))
+    cls = make_dataclass("PrecisionConfig", extra, bases=(_PrecisionBase,))
+    cls.__module__ = __name__
+    cls.__doc__ = _PrecisionBase.__doc__
+    return cls
+
+
+# Nested precision groups by key ('attn' -> its dataclass), filled by _precision_schema.
+GROUP_PRECISIONS: dict[str, type] = {}
+PrecisionConfig = _precision_schema()
 
 
 @dataclass

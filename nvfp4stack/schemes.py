@@ -7,7 +7,7 @@ from enum import Enum
 class Scheme(str, Enum):
     NVFP4 = "nvfp4"              # W4A4: E2M1 weights + UE4M3/16 scales + fp32 global; activations NVFP4
     NVFP4_W4A16 = "nvfp4_w4a16"  # NVFP4 weights, bf16 activations (the only NVFP4 path on sm_90)
-    MXFP4 = "mxfp4"              # E2M1 + UE8M0 per 32 (DeepSeek-V4 release format for experts)
+    MXFP4 = "mxfp4"              # E2M1 + UE8M0 per 32 (the format some releases ship routed experts in)
     FP8_BLOCK = "fp8_block"      # E4M3 with 128x128 block scales (UE8M0 or fp32)
     BF16 = "bf16"
     PASSTHROUGH = "passthrough"  # copied byte for byte, whatever it is

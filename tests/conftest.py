@@ -17,7 +17,7 @@ def make_weights():
 @pytest.fixture(scope="session")
 def root(tmp_path_factory):
     """The tiny DeepSeek-V4 (all layouts), built once per test session (layout_dir(root, ...))."""
-    from nvfp4stack.models.tiny_dsv4 import build_tiny_dsv4
+    from nvfp4stack.models.deepseek_v4.tiny import build_tiny_dsv4
 
     return build_tiny_dsv4(tmp_path_factory.getbasetemp() / "tiny_dsv4_cache", seed=0)
 

@@ -153,8 +153,8 @@ def test_unknown_parameters_reported_never_dropped(ckpt, tmp_path):
 
 
 def test_config_missing_required_fields():
-    from nvfp4stack.models.dsv4_spec import dsv4_tensor_groups
-    from nvfp4stack.models.tiny_dsv4 import TINY_DSV4_ARCH
+    from nvfp4stack.models.deepseek_v4.spec import dsv4_tensor_groups
+    from nvfp4stack.models.deepseek_v4.tiny import TINY_DSV4_ARCH
 
     cfg = {k: v for k, v in TINY_DSV4_ARCH.items() if k != "compress_ratios"} | {"vocab_size": 256}
     with pytest.raises(KeyError) as e:

@@ -11,8 +11,9 @@ serving benchmark (``vllm bench serve``, random prompts, ignore_eos):
 Settings (``bench.engine_settings``) change only what they name, on the same recipe and engine keys:
 ``triton_w4a16`` (ours, W4A16), ``triton_w4a16+fp8`` (ours with the FP8 prefill copy), ``marlin``
 (vLLM's NVFP4 W4A16 MoE), ``bf16`` (BF16 experts, vLLM's unquantized MoE), ``torch_emulation`` (ours
-on CPU). The model is ``bench.engine_model``: ``synthetic`` builds (once, cached) a DeepseekV3 model with
-DeepSeek-V4-Flash expert shapes (``engine_model.py``); ``recipe`` serves the recipe's own checkpoint.
+on CPU). The model is ``bench.engine_model``: ``synthetic`` builds (once, cached) the model family's
+random benchmark model at flagship expert shapes (``ModelFamily.synthetic_checkpoint``); ``recipe``
+serves the recipe's own checkpoint.
 One table, with speed-ups of each of our settings over each baseline measured in the same run.
 """
 from __future__ import annotations
@@ -67,25 +68,21 @@ def check_settings(names: list[str]) -> list[Setting]:
 
 
 def synthetic_checkpoints(cfg, experts: set[str]) -> dict[str, Path]:
-    """The Flash-shaped synthetic model, one directory per expert format, built once under cache_dir."""
-    from nvfp4stack.bench.engine_model import EngineModelSpec, build
-    from nvfp4stack.models.tokenizer import train_tokenizer
+    """The synthetic benchmark model, one directory per expert format, built once under cache_dir by
+    the recipe's model family (or, when it has none, the first family that builds one)."""
+    from nvfp4stack.models.registry import families, get_family
 
     b = cfg.bench
-    spec = EngineModelSpec(num_hidden_layers=b.engine_model_layers,
-                           max_position_embeddings=max(4096, b.engine_prefill_len + b.engine_output_len))
     root = Path(cfg.cache_dir).expanduser() / "engine_bench"
-    tok = root / f"tokenizer-{spec.vocab_size}"
-    if not (tok / "tokenizer.json").exists():
-        train_tokenizer(tok, spec.vocab_size)
-    out = {}
-    for fmt in sorted(experts):
-        d = root / f"{fmt}-L{spec.num_hidden_layers}-h{spec.hidden_size}-e{spec.n_routed_experts}x{spec.moe_intermediate_size}"
-        if not (d / "config.json").exists():
-            print(f"[bench engine] building the synthetic {fmt} checkpoint -> {d}", flush=True)
-            build(d, fmt, spec, tokenizer=tok)
-        out[fmt] = d
-    return out
+    max_position = max(4096, b.engine_prefill_len + b.engine_output_len)
+    own = get_family(cfg.model.family)
+    for family in [own, *(f for f in families() if f is not own)]:
+        out = {fmt: family.synthetic_checkpoint(root, fmt, b.engine_model_layers, max_position)
+               for fmt in sorted(experts)}
+        if all(d is not None for d in out.values()):
+            return out
+    raise ValueError("bench.engine_model=synthetic: no model family builds a synthetic benchmark model "
+                     "(ModelFamily.synthetic_checkpoint); use bench.engine_model=recipe")
 
 
 def vllm_bench_serve(base_url: str, model: str, tokenizer: Path, *, input_len: int, output_len: int,

@@ -2,8 +2,8 @@
 
 ``python -m nvfp4stack.bench.moe_few_tokens [--shape flash] [--experts 64] [--top-k 6]
 [--tokens 1,2,4,8,16 | --rows 1,2,4,8,16] [--routing uniform,zipf] [--l2 cold|warm]`` (GPU host; torch +
-triton only). ``--rows`` gives average routed rows per expert (tokens = ceil(rows x experts / top_k)). At batch 1-10
-with DeepSeek-V4-Flash's 64 local experts and top-6 most experts get no token, a load that
+triton only). ``--rows`` gives average routed rows per expert (tokens = ceil(rows x experts / top_k)). At
+batch 1-10 with the Flash shape's 64 local experts and top-6 most experts get no token, a load that
 ``bench.moe_kernel`` (every expert ``n`` rows) never shows. Per load it times, with CUDA-graph
 replay and, by default, the L2 flushed before every call on every side (bench/cold_l2.py), the
 tiles the forward picks, every decode tile candidate that fits the shape, the Triton

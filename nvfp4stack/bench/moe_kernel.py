@@ -1,7 +1,7 @@
 """Benchmark of the NVFP4 W4A16 MoE kernel against bf16 ``torch._grouped_mm`` and naive dequant.
 
 ``python -m nvfp4stack.bench.moe_kernel`` needs only torch, triton and nvfp4stack.formats/kernels
-(the GPU hosts have no vLLM, modelopt or Hydra). Per DSV4 expert shape and tokens per expert it
+(the GPU hosts have no vLLM, modelopt or Hydra). Per flagship expert shape and tokens per expert it
 prints time, effective TB/s on the NVFP4 weight bytes (packed + block scales), TFLOP/s, and the
 speed-up over the bf16 grouped GEMM pipeline timed in the same run, for the W4A16 kernel, the
 FP8-compute prefill mode (fp8_prefill.py) and what ``mode="auto"`` picks at each load.

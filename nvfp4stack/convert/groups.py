@@ -1,7 +1,7 @@
 """Checkpoint tensor groups <-> typed format containers (the one place that knows suffixes).
 
 Group keys follow the checkpoints we read and write: NVFP4 (modelopt export) ``weight``,
-``weight_scale``, ``weight_scale_2``, ``input_scale``; MXFP4 and FP8 block (DeepSeek release)
+``weight_scale``, ``weight_scale_2``, ``input_scale``; MXFP4 and FP8 block (release format)
 ``weight`` + ``scale`` (HF FP8 exports call it ``weight_scale_inv``).
 """
 from __future__ import annotations
@@ -73,7 +73,7 @@ def fp8_from_group(t: dict, name: str) -> Fp8BlockTensor:
 
 
 def fp8_to_group(q: Fp8BlockTensor, scale_key: str = "scale") -> dict:
-    # vLLM's DSV4 FP8 linears register e8m0fnu scale params and copy_() numerically, so UE8M0
+    # vLLM's UE8M0 FP8 linears register e8m0fnu scale params and copy_() numerically, so UE8M0
     # bytes must be written as float8_e8m0fnu, never as uint8.
     scale = q.scale.view(torch.float8_e8m0fnu) if q.ue8m0 else q.scale
     return {"weight": q.data, scale_key: scale}

@@ -1,4 +1,4 @@
-"""MXFP4 -> BF16 (e.g. DeepSeek-V4's release experts as the BF16 reference of an experiment).
+"""MXFP4 -> BF16 (e.g. a release's MXFP4 experts as the BF16 reference of an experiment).
 
 Exact: every MXFP4 value (E2M1 x 2^k) is representable in BF16.
 """

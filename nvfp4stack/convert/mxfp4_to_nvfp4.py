@@ -1,4 +1,4 @@
-"""MXFP4 (DeepSeek-V4 release experts) -> NVFP4, data-free and exact wherever possible.
+"""MXFP4 (release-format routed experts) -> NVFP4, data-free and exact wherever possible.
 
 Each MXFP4 block of 32 is two NVFP4 blocks of 16 sharing a power-of-two scale 2^s. With a
 power-of-two global scale 2^g, block scale 2^(s-g) is an exact E4M3 value for s-g in [-9, 8],

@@ -1,4 +1,4 @@
-"""NVFP4 -> FP8 block (e.g. ``attn.wo_a``, read directly by DeepGEMM's FP8 einsum)."""
+"""NVFP4 -> FP8 block (e.g. an attention projection read directly by DeepGEMM's FP8 einsum)."""
 import torch
 
 from nvfp4stack.convert.base import CONVERTERS, Converter

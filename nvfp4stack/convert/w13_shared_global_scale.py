@@ -1,4 +1,5 @@
-"""Give an expert's w1 (gate) and w3 (up) one global scale, as fused gate_up kernels need.
+"""Give an expert's gate (w1 / gate_proj) and up (w3 / up_proj) projections one global scale, as fused
+gate_up kernels need.
 
 The shared scale is max(gs1, gs3) (and max of the input scales). From BF16 both are quantized
 once with it. From NVFP4, the tensor that already has the max keeps its bytes; the other has
@@ -14,9 +15,19 @@ from nvfp4stack.convert.groups import input_scale_of, nvfp4_from_group, nvfp4_to
 from nvfp4stack.formats.e2m1 import e2m1_decode, e2m1_encode, pack_e2m1, unpack_e2m1
 from nvfp4stack.formats.nvfp4 import (BLOCK, E4M3_MAX, SCALE_MIN, Nvfp4Tensor, nvfp4_global_scale,
                                       quantize_nvfp4)
+from nvfp4stack.plan.planner import GATE_UP_PAIRS
 from nvfp4stack.schemes import Scheme
 
-PARTS = ("w1", "w3")
+
+def gate_up_parts(tensors: dict, name: str) -> tuple[str, str]:
+    """The (gate, up) sub-module names among ``tensors``' keys ('w1.weight', 'gate_proj.weight_scale', ...)."""
+    heads = {k.split(".", 1)[0] for k in tensors}
+    found = [pair for pair in GATE_UP_PAIRS if heads & set(pair)]
+    if len(found) != 1 or not set(found[0]) <= heads:
+        want = " or ".join(f"{name}.{g} and {name}.{u}" for g, u in GATE_UP_PAIRS)
+        raise KeyError(f"{name}: w13_shared_global_scale needs both projections of one pair ({want}); found "
+                       f"{sorted(heads)}. Route the down projection and other modules to another converter")
+    return found[0]
 
 
 def refold_global_scale(q: Nvfp4Tensor, new_gs: torch.Tensor) -> tuple[Nvfp4Tensor, int]:
@@ -40,7 +51,7 @@ def _max_input_scale(groups: dict) -> torch.Tensor | None:
     if all(s is None for s in scales):
         return None
     if any(s is None for s in scales):
-        raise KeyError("w1/w3 input_scale: present on one of the pair only; calibrate both or neither")
+        raise KeyError("gate/up input_scale: present on one of the pair only; calibrate both or neither")
     return torch.maximum(*scales)
 
 
@@ -50,21 +61,23 @@ class W13SharedGlobalScale(Converter):
     spans_modules = True  # gets the expert's sub-modules: keys 'w1.weight', 'w3.weight_scale', ...
 
     def convert(self, tensors: dict, name: str) -> dict:
-        groups = {p: {k[len(p) + 1:]: v for k, v in tensors.items() if k.startswith(p + ".")} for p in PARTS}
-        missing = [p for p in PARTS if "weight" not in groups[p]]
+        parts = gate_up_parts(tensors, name)
+        groups = {p: {k[len(p) + 1:]: v for k, v in tensors.items() if k.startswith(p + ".")} for p in parts}
+        missing = [p for p in parts if "weight" not in groups[p]]
         if missing:
-            raise KeyError(f"{name}: w13_shared_global_scale needs both {name}.w1 and {name}.w3; "
-                           f"missing {missing}. Route w2 and other modules to another converter")
-        out = {k: v for k, v in tensors.items() if not k.startswith(("w1.", "w3."))}
+            raise KeyError(f"{name}: w13_shared_global_scale needs {name}.{parts[0]}.weight and "
+                           f"{name}.{parts[1]}.weight; missing {missing}")
+        out = {k: v for k, v in tensors.items() if not k.startswith(tuple(f"{p}." for p in parts))}
         input_scale = _max_input_scale(groups)
-        if groups["w1"]["weight"].is_floating_point() and groups["w1"]["weight"].dtype.itemsize > 1:
-            ws = {p: groups[p]["weight"] for p in PARTS}
+        gate = groups[parts[0]]["weight"]
+        if gate.is_floating_point() and gate.dtype.itemsize > 1:
+            ws = {p: groups[p]["weight"] for p in parts}
             gs = torch.maximum(*(nvfp4_global_scale(w, f"{name}.{p}.weight") for p, w in ws.items()))
             qs = {p: quantize_nvfp4(w, gs, name=f"{name}.{p}.weight") for p, w in ws.items()}
             self.report = {"requantized_blocks": 0}
         else:
-            src = {p: nvfp4_from_group(groups[p], f"{name}.{p}") for p in PARTS}
-            gs = torch.maximum(src["w1"].global_scale, src["w3"].global_scale)
+            src = {p: nvfp4_from_group(groups[p], f"{name}.{p}") for p in parts}
+            gs = torch.maximum(*(q.global_scale for q in src.values()))
             qs, n = {}, 0
             for p, q in src.items():
                 if torch.equal(q.global_scale, gs):
@@ -72,6 +85,6 @@ class W13SharedGlobalScale(Converter):
                 else:
                     qs[p], n = refold_global_scale(q, gs)
             self.report = {"requantized_blocks": n}
-        for p in PARTS:
+        for p in parts:
             out.update({f"{p}.{k}": v for k, v in nvfp4_to_group(qs[p], input_scale).items()})
         return out

@@ -7,7 +7,13 @@ from typing import Any, Optional
 
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_ds_mla")
 SPEC_METHODS = ("mtp",)
-TOKENIZER_MODES = ("auto", "hf", "slow", "mistral", "deepseek_v4", "custom")
+TOKENIZER_MODES = ("auto", "hf", "slow", "mistral", "custom")   # plus the model families' own
+
+
+def tokenizer_modes() -> tuple[str, ...]:
+    from nvfp4stack.models.registry import families
+
+    return (*TOKENIZER_MODES, *(m for f in families() for m in f.vllm_tokenizer_modes))
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 
 
@@ -65,8 +71,8 @@ class EngineConfig:
                        "pick one of those")
         if self.dtype not in DTYPES:
             raise _bad("dtype", f"one of {', '.join(DTYPES)}", self.dtype, "pick one of those")
-        if self.tokenizer_mode not in TOKENIZER_MODES:
-            raise _bad("tokenizer_mode", f"one of {', '.join(TOKENIZER_MODES)}", self.tokenizer_mode,
+        if self.tokenizer_mode not in tokenizer_modes():
+            raise _bad("tokenizer_mode", f"one of {', '.join(tokenizer_modes())}", self.tokenizer_mode,
                        "pick one of those")
         for key in ("block_size", "max_model_len", "max_num_seqs"):
             v = getattr(self, key)
@@ -88,7 +94,7 @@ class EngineConfig:
                            spec.num_speculative_tokens, "set it to 1 or 2, or speculative.method=null")
         if self.enable_auto_tool_choice and not self.tool_call_parser:
             raise _bad("tool_call_parser", "a parser name when enable_auto_tool_choice is true",
-                       self.tool_call_parser, "set engine.tool_call_parser (e.g. deepseek_v4)")
+                       self.tool_call_parser, "set engine.tool_call_parser (a vLLM tool parser name)")
         if not 0 < self.port < 65536:
             raise _bad("port", "a TCP port in 1..65535", self.port, "e.g. engine.port=8000")
         if self.ready_timeout_s <= 0:

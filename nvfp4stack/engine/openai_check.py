@@ -85,8 +85,8 @@ def logprob_deltas(client, model: str, bf16_dir: str, nvfp4_dir: str) -> dict:
 
     tok = AutoTokenizer.from_pretrained(bf16_dir)
     ref = reference_for(bf16_dir, nvfp4_dir).to("cuda" if torch.cuda.is_available() else "cpu")
-    # the short prompts, then one of LONG_PROMPT_TOKENS: past DeepSeek-V4's 128-token window and
-    # index top-k, so the sliding window, the indexer's selection and the compressors take part
+    # the short prompts, then one of LONG_PROMPT_TOKENS: past the flagship's 128-token sliding
+    # window and sparse-attention top-k, so windowed and compressed attention take part
     long_ids = tok(" ".join(PROMPTS * 64))["input_ids"][:LONG_PROMPT_TOKENS]
     per_prompt = []
     for p, ids in [(p, tok(p)["input_ids"]) for p in PROMPTS] + [(f"<{len(long_ids)} tokens>", long_ids)]:

@@ -48,6 +48,7 @@ class EnginePlan:
     layers: dict[str, dict[str, dict]] = field(default_factory=dict)
     mtp: dict[str, dict] = field(default_factory=dict)
     mtp_first_layer: int | None = None
+    family: str | None = None   # the model family whose names the prefixes are (None: any family's)
 
     def __post_init__(self) -> None:
         entries = [(f"{SECTION_KEY}.roles.{r}", e) for r, e in self.roles.items()]
@@ -64,7 +65,7 @@ class EnginePlan:
 
     def entry_for(self, prefix: str) -> dict | None:
         """The plan entry of a vLLM module prefix (e.g. ``model.layers.1.mlp.experts``), or None."""
-        role = role_of(prefix)
+        role = role_of(prefix, self.family)
         if role is None:
             return None
         idx = layer_index(prefix)
@@ -94,6 +95,8 @@ class EnginePlan:
 
     def to_dict(self) -> dict:
         d = {"version": VERSION, "roles": self.roles}
+        if self.family:
+            d["family"] = self.family
         if self.layers:
             d["layers"] = self.layers
         if self.mtp:
@@ -107,7 +110,7 @@ class EnginePlan:
                              "regenerate the engine args with this nvfp4stack version")
         mtp = d.get("mtp") or {}
         return cls(roles=dict(d.get("roles", {})), layers={r: dict(by) for r, by in d.get("layers", {}).items()},
-                   mtp=dict(mtp.get("roles", {})), mtp_first_layer=mtp.get("first_layer"))
+                   mtp=dict(mtp.get("roles", {})), mtp_first_layer=mtp.get("first_layer"), family=d.get("family"))
 
 
 def _own(entry: dict, kind: str) -> str | None:
@@ -170,7 +173,8 @@ def engine_plan_from_plan(plan, *, fp8_prefill: bool = False, mtp_draft: bool = 
         raise PlanError("plan: the MTP draft has decisions but the plan does not know num_hidden_layers "
                         "(config.json), which vLLM numbers the MTP layers after. Fix: give the model's "
                         "config.json num_hidden_layers, or engine.speculative.method=null")
-    return EnginePlan(roles, layers, {r: e for r, (e, _) in mtp.items()}, first if mtp else None)
+    return EnginePlan(roles, layers, {r: e for r, (e, _) in mtp.items()}, first if mtp else None,
+                      family=getattr(plan, "family", None))
 
 
 def _key(entry: dict) -> tuple:

@@ -27,13 +27,18 @@ def _built(prefix: str, method):
     return method
 
 
-# Built-in vLLM methods our wrapper may sit on, most specific first (vLLM's own override order).
-BASE_METHODS = ("modelopt_fp4", "modelopt_mixed", "modelopt_mxfp8", "modelopt", "deepseek_v4_fp8", "fp8")
+def base_methods() -> tuple[str, ...]:
+    """Built-in vLLM methods our wrapper may sit on, most specific first (vLLM's own override order):
+    modelopt's, then the model families' own formats (``ModelFamily.vllm_quant_methods``), then fp8."""
+    from nvfp4stack.models.registry import families
+
+    own = tuple(m for f in families() for m in f.vllm_quant_methods)
+    return ("modelopt_fp4", "modelopt_mixed", "modelopt_mxfp8", "modelopt", *own, "fp8")
 
 
 def base_method_for(hf_quant_cfg: dict, hf_config: Any = None) -> str:
     """The built-in vLLM method that claims this checkpoint config (what vLLM would pick without us)."""
-    for name in BASE_METHODS:
+    for name in base_methods():
         cls = get_quantization_config(name)
         if cls.override_quantization_method(hf_quant_cfg, None, hf_config=hf_config) == name:
             return name
@@ -47,8 +52,8 @@ def base_method_for(hf_quant_cfg: dict, hf_config: Any = None) -> str:
 def nvfp4_moe_config(base: QuantizationConfig) -> QuantizationConfig:
     """The config our NVFP4 MoE method hands to ``ModelOptNvFp4FusedMoE.create_weights``, which
     reads NVFP4 fields (``is_checkpoint_nvfp4_serialized``, ``group_size``) off it: the base itself
-    where it is vLLM's NVFP4 config, else one describing the NVFP4 experts the plan serves. (vLLM
-    0.26's DeepSeek-V4 base, ``DeepseekV4FP8Config``, has no such fields: AttributeError on an H200.)"""
+    where it is vLLM's NVFP4 config, else one describing the NVFP4 experts the plan serves. (A family's
+    own base config, e.g. an FP8 release format's, has no such fields: AttributeError on an H200.)"""
     from vllm.model_executor.layers.quantization.modelopt import ModelOptNvFp4Config
 
     if isinstance(base, ModelOptNvFp4Config):

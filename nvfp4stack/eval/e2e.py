@@ -1,15 +1,12 @@
-"""End to end: next-token KL, top-1 agreement and perplexity of the emulated model vs BF16."""
+"""End to end: next-token KL, top-1 agreement and perplexity of a quantized model vs its reference."""
 from __future__ import annotations
 
-import copy
 import math
 
 import torch
 from tqdm import tqdm
 
 from nvfp4stack.eval.metrics import next_token_stats
-from nvfp4stack.eval.precision import EvalPrecision
-from nvfp4stack.models.reference import apply_emulated_precision
 
 
 @torch.no_grad()
@@ -27,13 +24,3 @@ def compare_models(ref_model, q_model, batches: list[torch.Tensor]) -> dict:
     return {"positions": int(n), "prompts": len(batches),
             "kl_mean": acc["kl_sum"] / n, "kl_max": acc["kl_max"], "top1_agreement": acc["top1_sum"] / n,
             "ppl_ref": math.exp(acc["nll_ref_sum"] / n), "ppl_quant": math.exp(acc["nll_q_sum"] / n)}
-
-
-@torch.no_grad()
-def end_to_end(ref_model, prec: EvalPrecision, batches: list[torch.Tensor], input_amax: dict[str, float]) -> dict:
-    """DeepSeek-V4: the reference and its emulated copy; NVFP4 (W4A4) inputs use static scales from
-    ``input_amax``."""
-    q_model = copy.deepcopy(ref_model)
-    apply_emulated_precision(q_model, prec.scheme_for, act_fake_quant=True, input_amax=input_amax,
-                             weight_fn=prec.weights.emulate)
-    return compare_models(ref_model, q_model, batches)

@@ -5,7 +5,7 @@ the recipe stores); kernel choice does not change the numbers being emulated. So
 from the planner's ``resolve_target`` and hard rules directly, and the full plan (kernels, served
 scheme) is attached when it builds; when it does not (no kernel for this host, say), the reason is
 recorded. The reference is always BF16: the checkpoint itself for a BF16 source, else
-``eval.reference_path`` (tiny_dsv4's own BF16 layout for ``model.source_format=official``).
+``eval.reference_path`` (a tiny factory's own BF16 layout for ``model.source_format=official``).
 """
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ def bf16_checkpoint_dir(cfg) -> Path:
     if d is None:
         raise FileNotFoundError(
             f"model {cfg.model.name}: eval needs weights, but the model is a weight-free descriptor; "
-            "set model.path=<BF16 checkpoint dir> or use recipe=tiny_dsv4"
+            "set model.path=<BF16 checkpoint dir> or use a recipe whose model is a tiny factory"
         )
     return _checkpoint_dir(d, "model.path")
 

@@ -1,6 +1,6 @@
 """MXFP4: E2M1 values with one UE8M0 (power-of-two) scale per 32 along K.
 
-This is the DeepSeek-V4 release format for routed experts: ``weight`` packed E2M1 (even element
+This is the release format of the flagship's routed experts: ``weight`` packed E2M1 (even element
 in the low nibble, stored as int8/uint8) [N, K/2] and ``scale`` float8_e8m0fnu [N, K/32]; vLLM
 reads the scale bytes raw (``_dequant_mxfp4_ue8m0_gran32``). Scale choice is modelopt's
 ``MXFP4QTensor``: ``e = ceil(max(log2(amax/6), -127))``. Codes round to nearest, ties to even,

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 from nvfp4stack.arch import Arch, resolve
-from nvfp4stack.models.dsv4_spec import dsv4_tensor_groups
+from nvfp4stack.models.registry import get_family
 from nvfp4stack.models.resolve import config_json_path, header_dir
-from nvfp4stack.plan.groups import groups_from_checkpoint, load_config_json, source_scheme_dsv4
+from nvfp4stack.plan.groups import groups_from_checkpoint, load_config_json
 from nvfp4stack.plan.memory import Layout
 from nvfp4stack.plan.planner import Plan, build_plan
 
@@ -15,14 +15,18 @@ def layout_of(engine) -> Layout:
 
 def plan_groups(cfg):
     """(group, stored scheme) pairs: from the checkpoint's headers when there are weights (a trained
-    factory's random twin: the same headers), else (DeepSeek-V4 descriptors) from config.json alone."""
+    factory's random twin: the same headers), else from config.json alone through the model family's
+    spec (``ModelFamily.tensor_groups``, for weight-free descriptors)."""
     hf = load_config_json(config_json_path(cfg.model, cfg.cache_dir))
+    family = get_family(cfg.model.family)
     ckpt = header_dir(cfg.model, cfg.cache_dir) if (cfg.model.path or cfg.model.factory) else None
     if ckpt is not None and any(ckpt.glob("*.safetensors")):
-        return hf, list(groups_from_checkpoint(ckpt, hf.get("num_hidden_layers")))
-    if cfg.model.family != "deepseek_v4":
-        raise FileNotFoundError(f"model {cfg.model.name}: no weights to plan from and no DeepSeek-V4 descriptor")
-    return hf, [(g, source_scheme_dsv4(g, cfg.model.source_format)) for g in dsv4_tensor_groups(hf)]
+        return hf, list(groups_from_checkpoint(ckpt, hf.get("num_hidden_layers"), family.name))
+    spec = family.tensor_groups(hf)
+    if spec is None:
+        raise FileNotFoundError(f"model {cfg.model.name}: no weights to plan from, and model family {family.name} "
+                                "plans no model from config.json alone; set model.path=<checkpoint dir>")
+    return hf, [(g, family.source_scheme(g, cfg.model.source_format)) for g in spec]
 
 
 def plan_for_config(cfg, arch: Arch | None = None, backend=None) -> Plan:

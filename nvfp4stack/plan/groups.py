@@ -1,4 +1,4 @@
-"""Where a plan's tensor groups come from: a DeepSeek-V4 config.json, or a checkpoint's headers."""
+"""Where a plan's tensor groups come from: a checkpoint's headers (or the family's config.json spec)."""
 from __future__ import annotations
 
 import json
@@ -6,14 +6,13 @@ from pathlib import Path
 from typing import Iterator
 
 from nvfp4stack.checkpoint.safetensors_io import read_header
-from nvfp4stack.models.dsv4_spec import TensorGroup
-from nvfp4stack.plan.roles import is_mtp, role_of
+from nvfp4stack.models.family import TensorGroup
+from nvfp4stack.plan.roles import is_mtp, non_matrix_roles, role_of
 from nvfp4stack.schemes import Scheme
 
 # Stored-tensor suffixes that belong to one logical weight (native, modelopt, HF-FP8 layouts).
 GROUP_SUFFIXES = (".weight_scale_2", ".weight_scale_inv", ".weight_scale", ".input_scale",
                   ".weight", ".scales", ".scale")
-NON_MATRIX_ROLES = {"norms", "mhc", "attn_sink"}
 
 
 def group_name(tensor_name: str) -> tuple[str, str]:
@@ -53,35 +52,25 @@ def sniff_scheme(suffixes: dict[str, dict]) -> Scheme:
     return Scheme.PASSTHROUGH
 
 
-def groups_from_checkpoint(ckpt: Path, num_hidden_layers: int | None) -> Iterator[tuple[TensorGroup, Scheme]]:
-    """Tensor groups of a real checkpoint, with the format each is stored in."""
+def groups_from_checkpoint(ckpt: Path, num_hidden_layers: int | None,
+                           family: str | None = None) -> Iterator[tuple[TensorGroup, Scheme]]:
+    """Tensor groups of a real checkpoint, with the format each is stored in; roles by ``family``'s
+    names (None: by the first family that knows a name)."""
+    non_matrix = non_matrix_roles(family)
     by_group: dict[str, dict[str, dict]] = {}
     for name, info in checkpoint_tensors(ckpt).items():
         g, suf = group_name(name)
         by_group.setdefault(g, {})[suf or "weight"] = info
     for g, sufs in sorted(by_group.items()):
         w = sufs.get("weight") or next(iter(sufs.values()))
-        role = role_of(g) or "unknown"
+        role = role_of(g, family) or "unknown"
         shape = tuple(w["shape"])
         scheme = sniff_scheme(sufs)
         if scheme in (Scheme.NVFP4, Scheme.MXFP4):
             shape = (*shape[:-1], shape[-1] * 2)  # two E2M1 values per byte
-        matrix = len(shape) >= 2 and role not in NON_MATRIX_ROLES and w["dtype"] not in ("I64", "I32")
+        matrix = len(shape) >= 2 and role not in non_matrix and w["dtype"] not in ("I64", "I32")
         dtype = {"F32": "f32", "I64": "i64", "I32": "i32"}.get(w["dtype"], "bf16")
         yield TensorGroup(g, shape, role, is_mtp(g, num_hidden_layers), dtype, matrix), scheme
-
-
-def source_scheme_dsv4(group: TensorGroup, source_format: str) -> Scheme:
-    """Stored format of a DeepSeek-V4 group in one of the three known layouts."""
-    if not group.is_matrix:
-        return Scheme.PASSTHROUGH
-    if source_format == "bf16":
-        return Scheme.BF16
-    if group.role == "routed_experts":
-        return Scheme.MXFP4 if source_format == "official" else Scheme.NVFP4
-    if group.role.startswith("attn.") or group.role in ("shared_experts", "indexer.wq_b", "mtp.proj"):
-        return Scheme.FP8_BLOCK
-    return Scheme.BF16
 
 
 def load_config_json(path: Path) -> dict:

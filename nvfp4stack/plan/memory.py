@@ -4,14 +4,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from nvfp4stack.models.dsv4_spec import TensorGroup
+from nvfp4stack.models.family import TensorGroup
 from nvfp4stack.schemes import Scheme
 
 _DTYPE_BYTES = {"bf16": 2, "f32": 4, "i64": 8, "i32": 4}
-# Sharded across tensor-parallel ranks in vLLM's DeepSeek-V4 (ColumnParallel/RowParallel or
-# vocab-parallel); everything else (wq_a/wkv fused replicated, compressor, indexer, norms, mHC)
-# is replicated on every GPU.
-_TP_SHARDED = {"attn.wq_b", "attn.wo_a", "attn.wo_b", "attn.wkv_b", "shared_experts", "embed", "head"}
 
 
 @dataclass
@@ -44,10 +40,11 @@ def group_bytes(group: TensorGroup, scheme: Scheme, fp8_ue8m0: bool = True) -> i
     return n * 2  # bf16
 
 
-def shard_factor(group: TensorGroup, layout: Layout) -> int:
-    """How many GPUs share one copy of this group."""
+def shard_factor(group: TensorGroup, layout: Layout, tp_sharded: tuple[str, ...]) -> int:
+    """How many GPUs share one copy of this group; ``tp_sharded``: the roles the model family's vLLM
+    model splits across tensor-parallel ranks (``ModelFamily.tp_sharded_roles``)."""
     if group.role == "routed_experts":
         return layout.tp * layout.dp if layout.ep else layout.tp
-    if group.role in _TP_SHARDED:
+    if group.role in tp_sharded:
         return layout.tp
     return 1

@@ -10,10 +10,15 @@ from typing import Iterable
 
 from nvfp4stack.arch import Arch
 from nvfp4stack.kernels.select import BackendError, Selection, select_backend
-from nvfp4stack.models.dsv4_spec import TensorGroup
+from nvfp4stack.models.family import TensorGroup
 from nvfp4stack.plan.memory import Layout, group_bytes, shard_factor
 from nvfp4stack.plan.rules import PrecisionRule, first_match
 from nvfp4stack.schemes import Scheme
+
+# A routed expert's (gate, up) projection names, by checkpoint layout (native w1/w3, transformers):
+# fused gate_up kernels read one global scale for the pair.
+GATE_UP_PAIRS = (("w1", "w3"), ("gate_proj", "up_proj"))
+_GATE_UP_SUFFIXES = tuple(f".{p}" for pair in GATE_UP_PAIRS for p in pair)
 
 
 class PlanError(ValueError):
@@ -161,26 +166,23 @@ def converter_for(source: Scheme, target: Scheme, where: str) -> str | None:
 
 
 def check_hard_rules(group: TensorGroup, source: Scheme, target: Scheme, family: str) -> None:
-    """The rules learned the hard way, as errors rather than comments."""
-    if family != "deepseek_v4":
-        return
+    """The rules learned the hard way, as errors rather than comments: the generic ones here, then
+    the model family's (``ModelFamily.unquantized_roles`` and ``check_hard_rules``)."""
+    from nvfp4stack.models.registry import get_family
+
     where = f"{group.name} (role {group.role})"
-    if group.role == "attn.wo_a" and target in (Scheme.NVFP4, Scheme.NVFP4_W4A16, Scheme.MXFP4):
-        raise PlanError(
-            f"{where}: wo_a cannot be {target.value} under vLLM's DeepSeek-V4 (its o_proj reads the "
-            "weight directly as a grouped bmm): expected fp8_block or bf16. Fix: precision.attn.wo_a=fp8_block"
-        )
-    if group.role in ("compressor", "indexer.weights_proj") and group.is_matrix and target is not Scheme.BF16:
-        key = "precision.compressor" if group.role == "compressor" else "precision.indexer.weights_proj"
-        raise PlanError(
-            f"{where}: vLLM builds the compressor and the indexer's weights_proj with quant_config=None, "
-            f"so they must be bf16, found {target.value}. Fix: {key}=bf16 (or passthrough from a bf16 source)"
-        )
     if group.role == "routed_experts" and source.is_nvfp4 and target is Scheme.MXFP4:
         raise PlanError(
             f"{where}: routed experts stored as NVFP4 are never turned into MXFP4 (UE4M3/16 -> UE8M0/32 "
             "loses 3 mantissa bits per scale; it garbled the MegaMoE output). Fix: precision.routed_experts=nvfp4"
         )
+    fam = get_family(family)
+    if group.role in fam.unquantized_roles and group.is_matrix and target is not Scheme.BF16:
+        raise PlanError(
+            f"{where}: vLLM builds the {group.role} weights with quant_config=None, so they must be bf16, "
+            f"found {target.value}. Fix: precision.{group.role}=bf16 (or passthrough from a bf16 source)"
+        )
+    fam.check_hard_rules(group, source, target)
 
 
 FP8_PREFILL_KERNEL = "triton_w4a16"
@@ -227,9 +229,9 @@ def decide(group: TensorGroup, source: Scheme, requested: Scheme, *, family: str
     if not group.is_matrix:
         return Decision(stored, stored, "-", None)
     converter = converter_for(source, stored, group.name)
-    if converter == "bf16_to_nvfp4" and group.role == "routed_experts" and group.name.endswith((".w1", ".w3")):
-        # Fused gate_up kernels read one global scale for w1 and w3 (vLLM keeps w1's and
-        # warns otherwise): quantize the pair together under max(gs1, gs3).
+    if converter == "bf16_to_nvfp4" and group.role == "routed_experts" and group.name.endswith(_GATE_UP_SUFFIXES):
+        # Fused gate_up kernels read one global scale for gate and up (vLLM keeps gate's and
+        # warns otherwise): quantize the pair together under max(gs_gate, gs_up).
         converter = "w13_shared_global_scale"
     if stored is Scheme.BF16:
         return Decision(stored, stored, "unquantized", converter)
@@ -252,6 +254,9 @@ def build_plan(groups: Iterable[tuple[TensorGroup, Scheme]], *, model: str, fami
                num_hidden_layers: int | None = None) -> Plan:
     """Resolve every group through :func:`decide`. Raises PlanError / BackendError with the fix on a
     broken combination."""
+    from nvfp4stack.models.registry import get_family
+
+    fam = get_family(family)
     rules = list(precision.rules)
     role_schemes = precision.role_schemes()
     selections: dict[tuple[str, Scheme], Selection] = {}
@@ -265,11 +270,17 @@ def build_plan(groups: Iterable[tuple[TensorGroup, Scheme]], *, model: str, fami
         nbytes = group_bytes(group, d.stored, fp8_ue8m0)
         gpu_bytes = nbytes + (fp8_prefill_bytes(group) if d.fp8_copy else 0)
         out.append(GroupPlan(group.name, group.role, group.mtp, source, d.stored, d.served, d.converter, d.kernel,
-                             group.numel, nbytes, gpu_bytes / shard_factor(group, layout), group.dtype))
+                             group.numel, nbytes, gpu_bytes / shard_factor(group, layout, fam.tp_sharded_roles),
+                             group.dtype))
     plan = Plan(model, family, arch.name, source_format, layout, out,
                 selections={f"{k}:{s.value}": asdict(v) | {"served_scheme": v.served_scheme.value}
                             for (k, s), v in selections.items()},
                 num_hidden_layers=num_hidden_layers)
+    for key, value in precision.foreign_keys(fam).items():
+        msg = (f"precision.{key}={value}: model family {family} has no role {key!r}, so it selects nothing "
+               f"(its roles: {', '.join(fam.precision_roles)})")
+        plan.warnings.append(msg)
+        warnings.warn(msg, stacklevel=2)
     for rule in rules:
         for t in rule.targets:
             if t not in used_targets:

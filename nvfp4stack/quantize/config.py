@@ -4,8 +4,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 METHODS = ("modelopt", "cast")
-EXPORT_FORMATS = ("dsv4", "hf_unified")
+# modelopt's generic export_hf_checkpoint of the calibrated model: every family, method=modelopt only.
+HF_UNIFIED = "hf_unified"
 MTP_MODES = ("copy", "nvfp4")
+
+
+def export_formats() -> dict[str, tuple[str, ...]]:
+    """export format -> the quantize methods it supports: the families' own layouts, then hf_unified."""
+    from nvfp4stack.models.registry import families
+
+    out = {name: methods for f in families() for name, methods in f.export_formats.items()}
+    return out | {HF_UNIFIED: ("modelopt",)}
+
+
+# The first family layout (the flagship's), else hf_unified.
+DEFAULT_EXPORT_FORMAT = next(iter(export_formats()))
 
 
 def _bad(key: str, expected: str, found, fix: str) -> ValueError:
@@ -18,13 +31,12 @@ class QuantizeConfig:
 
     method: ``modelopt`` (calibrate the BF16 model with nvidia-modelopt, export) or ``cast``
       (data-free MXFP4 -> NVFP4 of the release's experts, no calibration of weights).
-    export_format: ``dsv4`` (modelopt's DeepSeek-V4 layout: release format + NVFP4 routed experts)
-      or ``hf_unified`` (modelopt's generic export_hf_checkpoint; method=modelopt only).
-    source: BF16 DeepSeek-native checkpoint (layout a): calibration model and expert weights.
-    base: release-format checkpoint (layout b) whose non-expert tensors are copied byte for byte.
-      Both empty -> taken from the model config (the tiny factory builds both).
-    mtp: ``copy`` keeps the MTP block byte for byte; ``nvfp4`` quantizes its routed experts too,
-      like modelopt's DSV4 exporter does.
+    export_format: a model family's own layout (``ModelFamily.export_formats``; the flagship's is the
+      default) or ``hf_unified`` (modelopt's generic export_hf_checkpoint; method=modelopt only).
+    source: BF16 checkpoint in the family's native names: calibration model and expert weights.
+    base: release-format checkpoint whose non-expert tensors are copied byte for byte.
+      Both empty -> taken from the model config (a tiny factory builds both).
+    mtp: ``copy`` keeps the MTP block byte for byte; ``nvfp4`` quantizes its routed experts too.
     amax_path: a saved calibration state (calib_state dir) whose activation amax gives the
       input_scale of a cast; cast_input_amax is the explicit data-free alternative. Without
       either, a cast whose plan serves the experts W4A4 calibrates activations on the BF16 source;
@@ -32,7 +44,7 @@ class QuantizeConfig:
     """
 
     method: str = "modelopt"
-    export_format: str = "dsv4"
+    export_format: str = DEFAULT_EXPORT_FORMAT
     source: str = ""
     base: str = ""
     output_dir: str = ""            # '' -> <run_dir>/quantized
@@ -50,20 +62,24 @@ class QuantizeConfig:
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise _bad("method", f"one of {', '.join(METHODS)}", self.method, "pick one of those")
-        if self.export_format not in EXPORT_FORMATS:
-            raise _bad("export_format", f"one of {', '.join(EXPORT_FORMATS)}", self.export_format,
+        formats = export_formats()
+        if self.export_format not in formats:
+            raise _bad("export_format", f"one of {', '.join(formats)}", self.export_format,
                        "pick one of those")
         if self.mtp not in MTP_MODES:
             raise _bad("mtp", f"one of {', '.join(MTP_MODES)}", self.mtp, "pick one of those")
-        if self.method == "cast" and self.export_format != "dsv4":
-            raise _bad("export_format", "'dsv4' with method=cast", self.export_format,
-                       "hf_unified needs the calibrated modelopt model: use quantize.method=modelopt")
+        if self.method not in formats[self.export_format]:
+            able = [f for f, methods in formats.items() if self.method in methods]
+            raise _bad("export_format", f"one of {', '.join(able)} with method={self.method}", self.export_format,
+                       f"{self.export_format} supports method={', '.join(formats[self.export_format])}: "
+                       "use one of those methods or formats")
         if self.export_only and self.validate_only:
             raise _bad("export_only", "not both export_only and validate_only", True,
                        "set one of quantize.export_only / quantize.validate_only")
-        if self.export_format == "hf_unified" and (self.export_only or self.validate_only):
-            raise _bad("export_only", "export_only/validate_only with export_format=dsv4",
-                       self.export_format, "the saved amax state re-exports in the dsv4 layout only")
+        if self.export_format == HF_UNIFIED and (self.export_only or self.validate_only):
+            own = [f for f in formats if f != HF_UNIFIED]
+            raise _bad("export_only", f"export_only/validate_only with a family layout ({', '.join(own)})",
+                       self.export_format, "the saved amax state re-exports in a family's own layout only")
         for key in ("calib_samples", "calib_seq_len", "calib_batch_size"):
             v = getattr(self, key)
             if not isinstance(v, int) or v < 1:

@@ -43,13 +43,13 @@ def dequantize_group(reader: ShardedReader, weight_name: str) -> torch.Tensor:
     return w.float()
 
 
-def _group_key(name: str) -> str:
-    role = role_of(name) or "other"
+def _group_key(name: str, family: str | None = None) -> str:
+    role = role_of(name, family) or "other"
     return f"mtp.{role}" if name.startswith("mtp.") and not role.startswith("mtp.") else role
 
 
-def weight_errors(out: ShardedReader, reference: ShardedReader) -> dict[str, dict]:
-    """Per role group: aggregate relative Frobenius error, worst tensor, formats seen."""
+def weight_errors(out: ShardedReader, reference: ShardedReader, family: str | None = None) -> dict[str, dict]:
+    """Per role group (``family``'s role names): aggregate relative Frobenius error, worst tensor, formats seen."""
     acc: dict[str, dict] = defaultdict(lambda: {"err2": 0.0, "ref2": 0.0, "max_rel": 0.0, "worst": None,
                                                 "tensors": 0, "formats": set()})
     for name in out.names():
@@ -61,7 +61,7 @@ def weight_errors(out: ShardedReader, reference: ShardedReader) -> dict[str, dic
             raise ValueError(f"{name}: output decodes to {tuple(got.shape)}, the BF16 source has "
                              f"{tuple(ref.shape)}; the output is not the same model")
         e2, r2 = float((got - ref).pow(2).sum()), float(ref.pow(2).sum())
-        a = acc[_group_key(name)]
+        a = acc[_group_key(name, family)]
         a["err2"] += e2
         a["ref2"] += r2
         a["tensors"] += 1
@@ -75,25 +75,26 @@ def weight_errors(out: ShardedReader, reference: ShardedReader) -> dict[str, dic
             for k, v in sorted(acc.items())}
 
 
-def bytes_by_group(reader: ShardedReader) -> dict[str, int]:
+def bytes_by_group(reader: ShardedReader, family: str | None = None) -> dict[str, int]:
     out: dict[str, int] = defaultdict(int)
     for name, info in reader.infos.items():
-        out[_group_key(name)] += info.nbytes
+        out[_group_key(name, family)] += info.nbytes
     return dict(sorted(out.items()))
 
 
 def write_report(run_dir: str | Path, *, method: str, out_dir: str | Path, before_dir: str | Path,
-                 reference_dir: str | Path | None, extra: dict | None = None) -> dict:
-    """Build the report, write quantize_report.json and .md into ``run_dir``; return it."""
+                 reference_dir: str | Path | None, extra: dict | None = None, family: str | None = None) -> dict:
+    """Build the report, write quantize_report.json and .md into ``run_dir``; return it. ``family``:
+    the model family whose role names group the tensors (None: any family's)."""
     out, before = ShardedReader(out_dir), ShardedReader(before_dir)
     report = {
         "method": method, "output": str(out_dir), "before": str(before_dir),
         "reference_bf16": str(reference_dir) if reference_dir else None,
         "bytes_before": before.total_bytes, "bytes_after": out.total_bytes,
         "bytes_bf16_source": ShardedReader(reference_dir).total_bytes if reference_dir else None,
-        "bytes_by_group_before": bytes_by_group(before), "bytes_by_group_after": bytes_by_group(out),
-        "weight_error_vs_bf16": weight_errors(out, ShardedReader(reference_dir)) if reference_dir else {},
-        "before_error_vs_bf16": weight_errors(before, ShardedReader(reference_dir)) if reference_dir else {},
+        "bytes_by_group_before": bytes_by_group(before, family), "bytes_by_group_after": bytes_by_group(out, family),
+        "weight_error_vs_bf16": weight_errors(out, ShardedReader(reference_dir), family) if reference_dir else {},
+        "before_error_vs_bf16": weight_errors(before, ShardedReader(reference_dir), family) if reference_dir else {},
         **(extra or {}),
     }
     run_dir = Path(run_dir)

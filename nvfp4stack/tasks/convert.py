@@ -20,7 +20,7 @@ def _plain(x):
 def chooser_from_plan(plan):
     """A stream chooser from a plan: group name (module prefix) -> its converter or passthrough.
 
-    Parameters stored without a suffix (e.g. ``attn.compressor.ape``) are groups of their own
+    Parameters stored without a suffix (e.g. a learned position bias) are groups of their own
     in the plan, while the stream asks for their parent module: a parent whose every such child
     group passes through passes through too. Anything else is unknown (None).
     """
@@ -54,19 +54,14 @@ def chooser_for(cfg, src: Path):
 
 
 def planned_config(cfg, plan, src: Path) -> dict | None:
-    """config.json for the converted DeepSeek-V4 checkpoint: what vLLM needs to read its formats."""
-    from nvfp4stack.checkpoint.config_fixups import SERVE_FIXUPS, apply_fixups
-    from nvfp4stack.schemes import Scheme
+    """config.json for the converted checkpoint: the model family's fix-ups for what the plan
+    converts to (None: the source's config.json is copied as it is)."""
+    from nvfp4stack.models.registry import get_family
 
-    if cfg.model.family != "deepseek_v4" or not (src / "config.json").exists():
+    if not (src / "config.json").exists():
         return None
     targets = {(g.role, g.target) for g in plan.groups if g.converter}
-    fixups = list(SERVE_FIXUPS)
-    if any(t is Scheme.FP8_BLOCK for _, t in targets):
-        fixups.append("fp8_block_ue8m0")
-    if any(r == "routed_experts" and t.is_nvfp4 for r, t in targets):
-        fixups.append("moe_nvfp4")
-    return apply_fixups(json.loads((src / "config.json").read_text()), fixups)
+    return get_family(cfg.model.family).served_config(json.loads((src / "config.json").read_text()), targets)
 
 
 def default_dst(cfg, src: Path, choose) -> Path:
@@ -91,7 +86,7 @@ def run(cfg) -> int:
     c = cfg.convert
     if c.src or getattr(cfg.model, "path", None):
         src = Path(c.src or cfg.model.path)
-    else:  # a factory model (e.g. tiny_dsv4): built on first use
+    else:  # a factory model: built on first use
         from nvfp4stack.models.resolve import model_dir
 
         src = model_dir(cfg.model, cfg.cache_dir) or Path("")

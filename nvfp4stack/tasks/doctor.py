@@ -36,9 +36,9 @@ def _plan(cfg, ckpt: Path, report) -> object | None:
 
 
 def run(cfg) -> int:
-    from nvfp4stack.checkpoint.doctor import diagnose
-    from nvfp4stack.checkpoint.doctor_plan import check_plan_agreement
-    from nvfp4stack.checkpoint.doctor_report import DoctorReport
+    from nvfp4stack.doctor import diagnose
+    from nvfp4stack.doctor.plan import check_plan_agreement
+    from nvfp4stack.doctor.report import DoctorReport
     from nvfp4stack.io_atomic import atomic_write_text
 
     ckpt = _target(cfg)

@@ -18,42 +18,15 @@ def _seed(cfg) -> int:
 
 
 def _fidelity(cfg, seed: int) -> dict:
-    import torch
-    from transformers import AutoTokenizer
+    """The model family's fidelity harness for ``eval.level`` (its reference forward)."""
+    from nvfp4stack.models.registry import get_family
 
-    from nvfp4stack.eval.capture import activation_amax, capture, eval_token_ids
-    from nvfp4stack.eval.e2e import end_to_end
-    from nvfp4stack.eval.layertest import layertest
-    from nvfp4stack.eval.precision import bf16_checkpoint_dir, eval_precision
-    from nvfp4stack.models.reference import load_reference
-
-    if cfg.model.family == "deepseek_v3" and cfg.eval.level == "e2e":
-        from nvfp4stack.eval.e2e_v3 import tiny_v3_e2e
-
-        precision, e2e = tiny_v3_e2e(cfg, lambda tok: eval_token_ids(tok, cfg.eval.num_prompts, cfg.eval.max_tokens, seed))
-        return {"precision": {k: v for k, v in precision.items() if k != "checkpoint"},
-                "checkpoint": precision["checkpoint"], "e2e": e2e}
-    if cfg.model.family != "deepseek_v4":
-        raise ValueError(f"eval.level={cfg.eval.level}: this level's reference forward is DeepSeek-V4's (model.family="
-                         f"deepseek_v4), found {cfg.model.family!r}; use recipe=tiny_dsv4 or a DSV4 BF16 model.path "
-                         "(the tiny DeepseekV3 default has eval.level=e2e only)")
-    torch.manual_seed(seed)
-    ckpt = bf16_checkpoint_dir(cfg)
-    prec = eval_precision(cfg, ckpt)
-    tok = AutoTokenizer.from_pretrained(ckpt)
-    model = load_reference(ckpt, torch.float32)  # BF16 weights, fp32 arithmetic: the reference
-    batches = eval_token_ids(tok, cfg.eval.num_prompts, cfg.eval.max_tokens, seed)
-    out = {"precision": prec.role_schemes(), "weight_bytes": prec.weight_bytes, "plan_gpu_bytes": prec.plan_gpu_bytes,
-           "served": prec.served, "plan_error": prec.plan_error, "checkpoint": str(ckpt)}
-    if cfg.eval.level == "layertest":
-        caps = capture(model, batches)
-        out["layertest"] = layertest(model, caps, prec, cfg.backend.moe)
-    else:
-        # static W4A4 input scales calibrated on other texts than the evaluated ones
-        calib = eval_token_ids(tok, cfg.eval.num_prompts, cfg.eval.max_tokens, seed + 1)
-        amax = activation_amax(model, capture(model, calib, desc="calibration"))
-        out["e2e"] = end_to_end(model, prec, batches, amax)
-    return out
+    family = get_family(cfg.model.family)
+    if cfg.eval.level not in family.eval_levels:
+        raise ValueError(f"eval.level={cfg.eval.level}: model.family={family.name} has a reference forward for "
+                         f"{', '.join(family.eval_levels) or 'no level'}; found {cfg.eval.level!r}. Fix: pick one "
+                         "of those, or a recipe whose model family has this level")
+    return family.fidelity(cfg, seed)
 
 
 def run(cfg) -> int:

@@ -8,6 +8,7 @@ from dataclasses import replace
 from nvfp4stack.arch import resolve
 from nvfp4stack.engine.plan_section import engine_plan_from_plan
 from nvfp4stack.kernels.select import BackendError
+from nvfp4stack.models.registry import get_family
 from nvfp4stack.models.resolve import config_json_path
 from nvfp4stack.plan.build import plan_for_config
 from nvfp4stack.plan.groups import load_config_json
@@ -114,8 +115,8 @@ def run(cfg) -> int:
         print("backend.moe_fp8_prefill=true: the routed experts' FP8 prefill copy (+1 byte/weight, built at load) "
               "is included in the per-GPU bytes")
     hf = load_config_json(config_json_path(cfg.model, cfg.cache_dir))
-    if cfg.model.family == "deepseek_v4":
-        plan.kv_cache = kv_cache_report(hf, cfg.engine, cfg.arch, plan.gpu_bytes)
+    plan.kv_cache = kv_cache_report(hf, cfg.engine, cfg.arch, plan.gpu_bytes, get_family(cfg.model.family))
+    if plan.kv_cache is not None:
         print(format_kv_report(plan.kv_cache))
     path = write_plan(plan, cfg.run_dir, engine=engine.to_dict())
     _write_summary(cfg, plan, checks)

@@ -1,8 +1,8 @@
 """``serve``: vLLM's OpenAI server for the recipe, as a health-checked child process.
 
-The embedded default (recipe tiny_cpu) builds the tiny DeepseekV3 model on first use, quantizes
-its routed experts to NVFP4 with modelopt, and serves it through the plugin's torch_emulation
-MoE path. ``engine.dry_run=true`` prints the exact command line and exits.
+The embedded default (recipe tiny_cpu) builds its family's tiny model on first use, quantizes
+its routed experts to NVFP4 with modelopt (``ModelFamily.serve_checkpoint``), and serves it
+through the plugin's torch_emulation MoE path. ``engine.dry_run=true`` prints the exact command line and exits.
 """
 from __future__ import annotations
 
@@ -16,11 +16,9 @@ import time
 from pathlib import Path
 
 from nvfp4stack.engine.args import format_cli, server_argv
-from nvfp4stack.engine.plan_section import SECTION_KEY, EnginePlan, engine_plan_for, layers_with_scheme
-from nvfp4stack.schemes import Scheme
+from nvfp4stack.engine.plan_section import SECTION_KEY, EnginePlan, engine_plan_for
 from nvfp4stack.plan.preflight import host_mismatch
 
-FACTORIES = ("tiny_v3",)
 # vLLM on CPU reserves this much KV cache by default (4 GiB); the tiny model needs far less and
 # the CI machines are shared.
 CPU_DEFAULT_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
@@ -58,55 +56,22 @@ def server_env(cfg) -> dict[str, str]:
     return env
 
 
-def tiny_v3_checkpoint(cfg, plan: EnginePlan, *, build: bool = True) -> Path:
-    """Cached modelopt-NVFP4 export of the tiny DeepseekV3 (built + quantized when absent).
-
-    Routed experts the plan keeps BF16 (precision rules naming layers) are left unquantized by
-    modelopt, whose export lists them under ``ignore``: the checkpoint agrees with the plan. When
-    the plan keeps every routed expert BF16 the BF16 build itself is served.
-    """
-    from nvfp4stack.models.tiny_v3 import TinyV3Spec, ensure_tiny_v3
-
-    cache = Path(cfg.cache_dir).expanduser() / "tiny_v3"
-    spec = TinyV3Spec()
-    moe_layers = range(spec.first_k_dense_replace, spec.num_hidden_layers)
-    bf16 = [i for i in layers_with_scheme(plan, "routed_experts", Scheme.BF16, spec.num_hidden_layers)
-            if i in moe_layers]
-    if len(bf16) == len(moe_layers):
-        return ensure_tiny_v3(cache, spec) if build else cache / "bf16"
-    out = cache / ("nvfp4" if not bf16 else "nvfp4-bf16-layers-" + "-".join(map(str, bf16)))
-    if not build:
-        return out
-    from nvfp4stack.quantize.modelopt_ptq import quantize_and_export
-
-    src = ensure_tiny_v3(cache, spec)
-    stamp = out / "nvfp4stack_source.json"
-    want = json.dumps({"spec": (src / "nvfp4stack_spec.json").read_text(),
-                       "calib_samples": cfg.quantize.calib_samples, "bf16_expert_layers": bf16,
-                       "calib_seq_len": cfg.quantize.calib_seq_len, "seed": cfg.quantize.seed},
-                      sort_keys=True)
-    if not (stamp.exists() and stamp.read_text() == want):
-        keep = f" (layers {bf16} kept BF16 as planned)" if bf16 else ""
-        print(f"[serve] quantizing routed experts of {src} to NVFP4 with modelopt{keep} -> {out}", flush=True)
-        quantize_and_export(src, out, "NVFP4_EXPERTS_ONLY_CFG", num_samples=cfg.quantize.calib_samples,
-                            max_len=cfg.quantize.calib_seq_len, seed=cfg.quantize.seed,
-                            disable=tuple(f"*layers.{i}.mlp.experts*" for i in bf16))
-        stamp.write_text(want)
-    return out
-
-
 def resolve_checkpoint(cfg, plan: EnginePlan, *, build: bool = True) -> Path:
     """The directory vLLM loads: model.path, or the factory's cached build."""
     if cfg.model.path:
         return Path(cfg.model.path).expanduser()
-    if cfg.model.factory == "tiny_v3":
-        return tiny_v3_checkpoint(cfg, plan, build=build)
+    from nvfp4stack.models.registry import get_factory, servable_factories
+
+    if cfg.model.factory:
+        ckpt = get_factory(cfg.model.factory)[0].serve_checkpoint(cfg, plan, build=build)
+        if ckpt is not None:
+            return ckpt
     if not build:
-        # dry run of a weight-free recipe (e.g. dsv4_b200 on a laptop): show where the path goes
+        # dry run of a weight-free recipe (a descriptor on a laptop): show where the path goes
         return Path(f"/path/to/{cfg.model.name}-checkpoint")
     raise FileNotFoundError(
         f"serve: model {cfg.model.name!r} has no checkpoint: model.path is unset and model.factory="
-        f"{cfg.model.factory!r} is not one serve can build ({', '.join(FACTORIES)}); set model.path=<dir> "
+        f"{cfg.model.factory!r} is not one serve can build ({', '.join(servable_factories())}); set model.path=<dir> "
         "(e.g. the output of `quantize`)"
     )
 

@@ -4,14 +4,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-# Steps when ``train.steps`` is null, per model: what the cached default of each factory trains.
-# tiny_v3 (the embedded default, ~2.9M parameters): 600 steps, 158 s at 7,778 tokens/s on 2 free cores
-# (measured 2026-11-24, README "Train the tiny models"; 1030 s when the cores were shared), held-out
-# perplexity 28.5 (goal <= vocab/20 = 51; 350 steps gave 41.8, with visibly more broken words in served
-# replies). tiny_dsv4's eager transformers forward (mHC, compressor, indexer) runs many times fewer
-# tokens/s (623 on shared cores), so it gets 100 steps (329 s on shared cores): enough to learn frequent
-# words and to give the fidelity harness non-uniform distributions, cheap enough to train on demand.
-DEFAULT_STEPS = {"tiny_v3": 600, "tiny_dsv4": 100}
 DTYPES = ("float32", "bfloat16")
 
 
@@ -19,7 +11,7 @@ DTYPES = ("float32", "bfloat16")
 class TrainConfig:
     """AdamW with linear warmup then cosine decay to ``lr * min_lr_ratio``, on corpus windows."""
 
-    steps: int | None = None          # null: DEFAULT_STEPS of the model
+    steps: int | None = None          # null: the model's default budget (its family's train_budgets)
     batch_size: int = 16
     seq_len: int = 128
     lr: float = 3e-3
@@ -58,10 +50,13 @@ class TrainConfig:
         """This config with ``steps`` filled in from the model's default budget."""
         if self.steps is not None:
             return self
-        if model not in DEFAULT_STEPS:
+        from nvfp4stack.models.registry import train_budget, train_budgets
+
+        steps = train_budget(model)[0]
+        if steps is None:
             raise ValueError(f"train.steps is null and model {model!r} has no default budget (known: "
-                             f"{', '.join(DEFAULT_STEPS)}); set train.steps=N")
-        return dataclasses.replace(self, steps=DEFAULT_STEPS[model])
+                             f"{', '.join(train_budgets())}); set train.steps=N")
+        return dataclasses.replace(self, steps=steps)
 
     def key(self) -> dict:
         """What the trained weights depend on (the cache key and the manifest's ``train``)."""

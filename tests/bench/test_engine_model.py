@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from nvfp4stack.bench.engine_model import EngineModelSpec, build
+from nvfp4stack.models.deepseek_v3.bench_model import EngineModelSpec, build
 
 SMALL = EngineModelSpec(hidden_size=256, moe_intermediate_size=64, n_routed_experts=8, num_experts_per_tok=2,
                         intermediate_size=512, num_attention_heads=4, q_lora_rank=64, n_group=2, topk_group=1)

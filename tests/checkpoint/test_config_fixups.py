@@ -5,7 +5,7 @@ import copy
 
 import pytest
 
-from nvfp4stack.checkpoint import config_fixups as F
+from nvfp4stack.models.deepseek_v4 import config_fixups as F
 
 SAVED = {  # the shape of what transformers 5.19 save_pretrained writes for DeepSeek-V4
     "model_type": "deepseek_v4", "num_hidden_layers": 4, "head_dim": 512, "partial_rotary_factor": 0.125,
@@ -89,7 +89,7 @@ def test_serve_chain_restores_what_vllm_reads_and_transformers_still_loads():
 
 
 def test_fp8_block_ue8m0_declares_the_release_fp8_format():
-    from nvfp4stack.checkpoint.config_fixups import fp8_block_ue8m0
+    from nvfp4stack.models.deepseek_v4.config_fixups import fp8_block_ue8m0
 
     out = fp8_block_ue8m0({"quantization_config": {"moe_quant_algo": "NVFP4"}, "hidden_size": 8})
     q = out["quantization_config"]

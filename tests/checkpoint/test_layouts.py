@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nvfp4stack.checkpoint import layouts as L
+from nvfp4stack.models.deepseek_v4 import layouts as L
 from nvfp4stack.checkpoint.safetensors_io import ShardedReader
-from nvfp4stack.models.tiny_dsv4 import layout_dir
+from nvfp4stack.models.deepseek_v4.tiny import layout_dir
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from nvfp4stack.checkpoint.doctor_faults import (edit_config, remove_tensor, rename_tensor, tiny_dsv4_layouts,
+from tests.support.doctor_faults import (edit_config, remove_tensor, rename_tensor, tiny_dsv4_layouts,
                                                  vllm_ready_config)
-from nvfp4stack.engine.dsv4_load_check import (STAND_IN_FP8_BLOCK_KERNEL, host_has_amx, run_load_check,
+from nvfp4stack.models.deepseek_v4.load_check import (STAND_IN_FP8_BLOCK_KERNEL, host_has_amx, run_load_check,
                                                vllm_importable)
 
 pytestmark = [pytest.mark.slow,

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from nvfp4stack.cli import compose_config
-from nvfp4stack.eval.capture import activation_amax, capture, eval_token_ids, experts_modules
-from nvfp4stack.eval.layertest import experts_metrics, layertest, role_summary
+from nvfp4stack.eval.prompts import eval_token_ids
+from nvfp4stack.models.deepseek_v4.capture import activation_amax, capture, experts_modules
+from nvfp4stack.models.deepseek_v4.layertest import experts_metrics, layertest, role_summary
 from nvfp4stack.eval.metrics import SQNR_CAP_DB, compare
 from nvfp4stack.eval.precision import bf16_checkpoint_dir, eval_precision
 
@@ -26,7 +27,7 @@ def compose(*overrides: str):
 def tiny():
     from transformers import AutoTokenizer
 
-    from nvfp4stack.models.reference import load_reference
+    from nvfp4stack.models.deepseek_v4.reference import load_reference
 
     seed = random.randrange(1, 2**31)
     print(f"seed={seed}")
@@ -73,7 +74,7 @@ def test_ranking_bf16_fp8_nvfp4_for_routed_experts(tiny):
 def test_kernel_path_matches_transformers_with_emulated_weights(tiny, scheme):
     """torch_emulation's nvfp4_moe_forward (layertest path) == transformers' experts forward after
     reference.apply_emulated_precision (the e2e path): two code paths, one quantization."""
-    from nvfp4stack.models.reference import apply_emulated_precision
+    from nvfp4stack.models.deepseek_v4.reference import apply_emulated_precision
 
     cfg, ckpt, model, caps = tiny
     prec = eval_precision(compose(f"precision.routed_experts={scheme}"), ckpt)

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from nvfp4stack.checkpoint.layouts import hf_to_native
+from nvfp4stack.models.deepseek_v4.layouts import hf_to_native
 from nvfp4stack.checkpoint.safetensors_io import ShardedReader
 from nvfp4stack.eval import served_reference as sr
 from nvfp4stack.quantize.report import dequantize_group
@@ -50,10 +50,12 @@ def test_stored_schemes_of_the_cast(served):
 
 
 def test_reference_carries_the_served_weights(served):
-    from nvfp4stack.models.reference import load_reference
+    from nvfp4stack.models.deepseek_v4.reference import load_reference
 
     bf16_dir, cast = served
-    ref = sr.dsv4_served_reference(bf16_dir, cast)
+    from nvfp4stack.models.deepseek_v4.reference import served_reference
+
+    ref = served_reference(bf16_dir, cast)
     plain = load_reference(bf16_dir)
     reader = ShardedReader(cast)
     wo_a = dequantize_group(reader, "layers.1.attn.wo_a.weight")
@@ -90,7 +92,7 @@ class _FakeClient:
 
 def test_logprob_deltas_use_the_served_reference(served):
     from nvfp4stack.engine.openai_check import LONG_PROMPT_TOKENS, PREFIX_LENGTHS, PROMPTS, logprob_deltas
-    from nvfp4stack.models.reference import load_reference
+    from nvfp4stack.models.deepseek_v4.reference import load_reference
 
     bf16_dir, cast = served
     ref = sr.reference_for(bf16_dir, cast)
@@ -114,7 +116,7 @@ def test_logprob_deltas_use_the_served_reference(served):
 
 def test_deepseek_v3_family_uses_the_tiny_v3_reference(monkeypatch, tmp_path):
     """The tiny DeepseekV3 model (serve-check tiny_v3_h200) keeps its own reference: W4A16 experts."""
-    import nvfp4stack.models.tiny_v3 as tv3
+    import nvfp4stack.models.deepseek_v3.tiny as tv3
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "deepseek_v3"}))
     seen = {}
@@ -124,6 +126,6 @@ def test_deepseek_v3_family_uses_the_tiny_v3_reference(monkeypatch, tmp_path):
 
 
 def test_unknown_family_is_named(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_moe"}))
-    with pytest.raises(ValueError, match="model_type 'qwen3_moe' has no reference forward here"):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mixtral"}))
+    with pytest.raises(ValueError, match="model_type 'mixtral' belong to no registered model family"):
         sr.reference_for(tmp_path, tmp_path)

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from nvfp4stack.models.dsv4_spec import compress_ratios, dsv4_tensor_groups
+from nvfp4stack.models.deepseek_v4.spec import compress_ratios, dsv4_tensor_groups
 from nvfp4stack.models.resolve import DESCRIPTORS
 
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nvfp4stack.models.reference import apply_emulated_precision, emulate_weight, load_reference
-from nvfp4stack.models.tiny_dsv4 import layout_dir
+from nvfp4stack.models.deepseek_v4.reference import apply_emulated_precision, emulate_weight, load_reference
+from nvfp4stack.models.deepseek_v4.tiny import layout_dir
 from nvfp4stack.plan.roles import role_of
 from nvfp4stack.schemes import Scheme
 

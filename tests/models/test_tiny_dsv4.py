@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from nvfp4stack.checkpoint.safetensors_io import ShardedReader
-from nvfp4stack.engine.dsv4_load_check import vllm_importable
-from nvfp4stack.models.dsv4_spec import dsv4_tensor_groups
-from nvfp4stack.models.tiny_dsv4 import (RELEASE_FP8_ROLES, RELEASE_ROPE_SCALING, build_tiny_dsv4,
+from nvfp4stack.models.deepseek_v4.load_check import vllm_importable
+from nvfp4stack.models.deepseek_v4.spec import dsv4_tensor_groups
+from nvfp4stack.models.deepseek_v4.tiny import (RELEASE_FP8_ROLES, RELEASE_ROPE_SCALING, build_tiny_dsv4,
                                          layout_dir)
 from nvfp4stack.plan.roles import role_of
 

@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-from nvfp4stack.models.tiny_v3 import TinyV3Spec, build_tiny_v3, reference_model
+from nvfp4stack.models.deepseek_v3.tiny import TinyV3Spec, build_tiny_v3, reference_model
 
 
 @pytest.mark.parametrize("field,value,match", [

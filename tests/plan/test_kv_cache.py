@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from nvfp4stack.models.resolve import DESCRIPTORS
-from nvfp4stack.plan.kv_cache import (DSV4_FP8_DS_MLA_BYTES, dsv4_cache_lines, format_kv_report,
-                                      kv_cache_report, resolve_kv_dtype)
+from nvfp4stack.models.deepseek_v4.kv_cache import DSV4_FP8_DS_MLA_BYTES, dsv4_cache_lines, resolve_kv_dtype
+from nvfp4stack.plan.kv_cache import (format_kv_report,
+                                      kv_cache_report)
 
 VLLM = Path(torch.__file__).parent.parent / "vllm"
 PRO = json.loads((DESCRIPTORS / "dsv4_pro.json").read_text())
@@ -74,8 +75,9 @@ def test_pro_bytes_per_token_from_layer_counts():
 
 
 def test_pro_b200_fits_and_bf16_halves_it():
-    from nvfp4stack.models.dsv4_spec import dsv4_tensor_groups
-    from nvfp4stack.plan.groups import source_scheme_dsv4
+    from nvfp4stack.models.deepseek_v4 import FAMILY
+    from nvfp4stack.models.deepseek_v4.spec import dsv4_tensor_groups
+    from nvfp4stack.models.deepseek_v4.spec import source_scheme as source_scheme_dsv4
     from nvfp4stack.plan.memory import Layout, group_bytes, shard_factor
     from nvfp4stack.schemes import Scheme
 
@@ -86,7 +88,7 @@ def test_pro_b200_fits_and_bf16_halves_it():
     print(f"Pro native {native / 1e9:.1f} GB, NVFP4 experts {nv / 1e9:.1f} GB")
     assert 855e9 < native < 875e9      # published: ~864 (FP8 attention + MXFP4 experts)
     assert 880e9 < nv < 915e9          # published: 880-915 GB with NVFP4 routed experts
-    per_gpu = sum(group_bytes(g, Scheme.NVFP4 if g.role == "routed_experts" else s) / shard_factor(g, lay)
+    per_gpu = sum(group_bytes(g, Scheme.NVFP4 if g.role == "routed_experts" else s) / shard_factor(g, lay, FAMILY.tp_sharded_roles)
                   for g, s in groups)
     fp8 = kv_cache_report(PRO, _engine(), SimpleNamespace(gpu_memory_gb=180.0), per_gpu)
     text = format_kv_report(fp8)

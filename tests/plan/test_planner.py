@@ -5,15 +5,18 @@ import warnings
 import pytest
 
 from nvfp4stack.arch import resolve
-from nvfp4stack.config import AttnPrecision, BackendConfig, IndexerPrecision, PrecisionConfig
+from nvfp4stack.config import GROUP_PRECISIONS, BackendConfig, PrecisionConfig
 from nvfp4stack.kernels.select import BackendError
-from nvfp4stack.models.dsv4_spec import dsv4_tensor_groups
+from nvfp4stack.models.deepseek_v4.spec import dsv4_tensor_groups
 from nvfp4stack.models.resolve import DESCRIPTORS
-from nvfp4stack.plan.groups import source_scheme_dsv4
+from nvfp4stack.models.deepseek_v4.spec import source_scheme as source_scheme_dsv4
 from nvfp4stack.plan.memory import Layout
 from nvfp4stack.plan.planner import PlanError, build_plan
 from nvfp4stack.plan.rules import PrecisionRule
 from nvfp4stack.schemes import Scheme
+
+
+AttnPrecision, IndexerPrecision = GROUP_PRECISIONS["attn"], GROUP_PRECISIONS["indexer"]
 
 
 def _config(name="dsv4_pro", experts=None):

@@ -7,11 +7,11 @@ import random
 import pytest
 import torch
 
-from nvfp4stack.checkpoint import modelopt_spec as spec
+from tests.support import modelopt_dsv4_spec as spec
 from nvfp4stack.checkpoint.safetensors_io import ShardedReader
-from nvfp4stack.models.tiny_dsv4 import layout_dir
-from nvfp4stack.quantize import calib_state as cs
-from nvfp4stack.quantize.dsv4_export import CalibratedExperts, export_dsv4
+from nvfp4stack.models.deepseek_v4.tiny import layout_dir
+from nvfp4stack.models.deepseek_v4 import calib_state as cs
+from nvfp4stack.models.deepseek_v4.export import CalibratedExperts, export_dsv4
 
 
 @pytest.fixture(scope="module")

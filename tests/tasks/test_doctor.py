@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from nvfp4stack.checkpoint.doctor_faults import remove_tensor, tiny_dsv4_layouts, vllm_ready_config
+from tests.support.doctor_faults import remove_tensor, tiny_dsv4_layouts, vllm_ready_config
 from nvfp4stack.config import ModelConfig, RootConfig
-from nvfp4stack.engine.dsv4_load_check import vllm_importable
+from nvfp4stack.models.deepseek_v4.load_check import vllm_importable
 
 ROOT = Path(__file__).resolve().parents[2]
 REMOVED = "layers.1.ffn.experts.3.w1.weight_scale"
@@ -27,7 +27,7 @@ def _cache() -> Path:
 def amx_mode(request, monkeypatch):
     """Run the doctor (and its vLLM load-check child) with AMX reported absent, as on an AVX2-only
     EPYC, and with the host's real AMX path where the host has AMX."""
-    from nvfp4stack.engine.dsv4_load_check import FORCE_NO_AMX_ENV, host_has_amx
+    from nvfp4stack.models.deepseek_v4.load_check import FORCE_NO_AMX_ENV, host_has_amx
 
     if request.param == "amx" and not (vllm_importable() and host_has_amx()):
         pytest.skip("host has no AMX: its real kernel path cannot run here (the no_amx run covers this host)")
@@ -56,7 +56,7 @@ def test_task_clean_checkpoint_exits_zero(modelopt, tmp_path, capsys, amx_mode):
     if vllm_importable():
         assert report["stats"]["vllm_cuda"] == "ok"
         # which FP8 block kernel vLLM's parameter creation got, and why, is in the report
-        from nvfp4stack.engine.dsv4_load_check import STAND_IN_FP8_BLOCK_KERNEL
+        from nvfp4stack.models.deepseek_v4.load_check import STAND_IN_FP8_BLOCK_KERNEL
 
         stand_in = [n for n in report["notes"] if STAND_IN_FP8_BLOCK_KERNEL in n]
         if amx_mode == "no_amx":

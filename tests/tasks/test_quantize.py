@@ -8,10 +8,10 @@ import shutil
 import pytest
 import torch
 
-from nvfp4stack.checkpoint import modelopt_spec as spec
+from tests.support import modelopt_dsv4_spec as spec
 from nvfp4stack.checkpoint.safetensors_io import ShardedReader
 from nvfp4stack.config import ModelConfig, RootConfig
-from nvfp4stack.models.tiny_dsv4 import layout_dir
+from nvfp4stack.models.deepseek_v4.tiny import layout_dir
 from nvfp4stack.quantize.config import QuantizeConfig
 from nvfp4stack.tasks import quantize as task
 
@@ -235,7 +235,7 @@ def test_vllm_own_dsv4_loader_fills_every_parameter(root, modelopt_run):
     end of loading) on layouts (a), (b) and the modelopt-DSV4 export. Runs the host's own CPU path
     (without AMX the load check's stand-in FP8 block kernel; tests/engine/test_dsv4_load_check.py
     runs both paths)."""
-    from nvfp4stack.engine.dsv4_load_check import (STAND_IN_FP8_BLOCK_KERNEL, host_has_amx, run_load_check,
+    from nvfp4stack.models.deepseek_v4.load_check import (STAND_IN_FP8_BLOCK_KERNEL, host_has_amx, run_load_check,
                                                    vllm_importable)
 
     if not vllm_importable():

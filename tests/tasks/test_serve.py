@@ -131,7 +131,7 @@ def check_matches_reference(client, model, run_dir):
     from transformers import AutoTokenizer
 
     from nvfp4stack.models.corpus import calibration_texts
-    from nvfp4stack.models.tiny_v3 import reference_model
+    from nvfp4stack.models.deepseek_v3.tiny import reference_model
 
     cache = CACHE / "tiny_v3"
     scheme = served_scheme(run_dir)

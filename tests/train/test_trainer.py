@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from nvfp4stack.models.tiny_v3 import TinyV3Spec, ensure_tiny_v3, ensure_trained_tiny_v3
-from nvfp4stack.train.config import DEFAULT_STEPS, TrainConfig
+from nvfp4stack.models.deepseek_v3.tiny import TinyV3Spec, ensure_tiny_v3, ensure_trained_tiny_v3
+from nvfp4stack.models.registry import train_budget
+from nvfp4stack.train.config import TrainConfig
 from nvfp4stack.train.loop import lr_at
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,7 +68,7 @@ def test_other_seed_other_weights(trained, tmp_path):
 
 
 def test_cached_result_is_reused(trained, monkeypatch):
-    import nvfp4stack.train.models as models
+    import nvfp4stack.models.deepseek_v3.train as models
 
     monkeypatch.setattr(models, "train_tiny_v3", lambda *a, **k: pytest.fail("trained again"))
     assert ensure_tiny_v3(trained.parent, SPEC, train=BUDGET) == trained
@@ -75,7 +76,7 @@ def test_cached_result_is_reused(trained, monkeypatch):
 
 
 def test_interrupted_run_leaves_nothing(tmp_path, monkeypatch):
-    import nvfp4stack.train.models as models
+    import nvfp4stack.models.deepseek_v3.train as models
 
     real = models.train_loop
 
@@ -117,7 +118,7 @@ def test_conf_default_is_the_dataclass_default():
     from nvfp4stack.cli import compose_config
 
     assert compose_config("command=train", "run_dir=/tmp/unused").train == TrainConfig()
-    assert TrainConfig().resolved("tiny_v3").steps == DEFAULT_STEPS["tiny_v3"]
+    assert TrainConfig().resolved("tiny_v3").steps == train_budget("tiny_v3")[0] == 600
 
 
 def test_train_keys_given_to_another_command_are_named_as_ignored(capsys):
@@ -183,7 +184,7 @@ def test_tiny_dsv4_trains_into_the_factory_layouts(root):
     from safetensors.torch import load_file
 
     from nvfp4stack.formats.mxfp4 import dequantize_mxfp4, quantize_mxfp4
-    from nvfp4stack.train.models import train_tiny_dsv4
+    from nvfp4stack.models.deepseek_v4.train import train_tiny_dsv4
 
     cfg = TrainConfig(steps=2, batch_size=2, seq_len=32, warmup_steps=1, eval_tokens=128)
     out = train_tiny_dsv4(root.parent, cfg)

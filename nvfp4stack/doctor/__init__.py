@@ -1,0 +1,76 @@
+"""Checkpoint doctor: is this checkpoint what the plan and vLLM's loader expect? (issue #8)
+
+One pass over the headers (files, index, names, shapes, dtypes), one lazy pass over the values
+(one tensor in memory at a time), the model family's own checks (its expected tensors and the
+config.json fields vLLM reads) and, where vLLM is importable and the family has one, vLLM's own
+load check. Nothing is written into the checkpoint.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from nvfp4stack.doctor.files import read_checkpoint
+from nvfp4stack.doctor.report import DoctorReport, Finding  # noqa: F401  (re-export)
+from nvfp4stack.doctor.stats import check_values
+
+
+def _config(ckpt: Path, report: DoctorReport) -> dict | None:
+    path = ckpt / "config.json"
+    if not path.exists():
+        report.error("config", "config.json", "absent", "the HF config.json next to the shards",
+                     "copy config.json from the source checkpoint")
+        return None
+    try:
+        return json.loads(path.read_text())
+    except ValueError as e:
+        report.error("config", "config.json", f"invalid JSON ({e})", "valid JSON", "fix or regenerate config.json")
+        return None
+
+
+def _family(cfg: dict | None):
+    """The registered family config.json names, or None (then only the generic checks run)."""
+    from nvfp4stack.models.registry import family_for_config
+
+    if not cfg:
+        return None
+    try:
+        return family_for_config(cfg)
+    except ValueError:
+        return None
+
+
+def diagnose(checkpoint: str | Path, *, values: bool = True, vllm: str = "auto", plan=None) -> DoctorReport:
+    """Validate ``checkpoint``; ``vllm``: 'auto' (run vLLM's load check when importable), 'on', 'off'.
+
+    ``plan``: a planner Plan for this checkpoint; groups it would still convert are warned about.
+    """
+    ckpt = Path(checkpoint)
+    report = DoctorReport(str(ckpt))
+    if not ckpt.is_dir():
+        report.error("files", str(ckpt), "not a directory", "a checkpoint directory", "point checkpoint= at one")
+        return report
+    cfg = _config(ckpt, report)
+    tensors = read_checkpoint(ckpt, report)
+    report.stats.update(tensors=len(tensors), bytes=sum(i.nbytes for i in tensors.values()))
+    family = _family(cfg)
+    loadable = family is not None and family.check_checkpoint(cfg, tensors, report)
+    if values and tensors:
+        check_values(tensors, report)
+    if plan is not None:
+        _check_plan(plan, report)
+    if loadable:
+        family.vllm_load_check(ckpt, report, vllm)
+    return report
+
+
+def _check_plan(plan, report: DoctorReport) -> None:
+    """Groups the plan would still convert are not in their served format yet."""
+    pending: dict[tuple, list[str]] = {}
+    for g in plan.groups:
+        if g.converter:
+            pending.setdefault((g.role, g.source.value, g.target.value, g.converter), []).append(g.name)
+    for (role, src, dst, conv), names in sorted(pending.items()):
+        report.warn("plan", f"{names[0]} (+{len(names) - 1} more {role})", f"stored {src}", f"{dst} (the recipe's plan)",
+                    f"run 'python main.py ... convert' first (converter {conv}), or serve with a recipe whose "
+                    "precision keeps this format")

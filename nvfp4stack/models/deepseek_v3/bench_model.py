@@ -1,0 +1,189 @@
+"""A synthetic DeepseekV3-architecture checkpoint with DeepSeek-V4-Flash expert shapes, for engine
+benchmarks (issue #13): random weights, built where it runs (it is GBs: the GPU host builds it
+itself), routed experts either NVFP4 (quantized like modelopt by ``formats.nvfp4``, w1/w3 under one
+global scale, modelopt's unified-export names and config) or BF16.
+
+``python -m nvfp4stack.models.deepseek_v3.bench_model --out DIR --experts nvfp4|bf16 [--tokenizer DIR]``
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from nvfp4stack.formats.nvfp4 import GLOBAL_DIVISOR, quantize_nvfp4
+
+
+@dataclass(frozen=True)
+class EngineModelSpec:
+    """Flash's expert shapes (hidden 4096, 64 local experts of 2048, top-6, one shared expert);
+    MLA at DeepSeek's own head sizes (the GPU attention kernels need them); a few layers."""
+
+    hidden_size: int = 4096
+    moe_intermediate_size: int = 2048
+    n_routed_experts: int = 64
+    num_experts_per_tok: int = 6
+    n_shared_experts: int = 1
+    num_hidden_layers: int = 3          # layer 0 dense, then MoE
+    first_k_dense_replace: int = 1
+    intermediate_size: int = 8192
+    num_attention_heads: int = 32
+    q_lora_rank: int = 1024
+    kv_lora_rank: int = 512
+    qk_rope_head_dim: int = 64
+    qk_nope_head_dim: int = 128
+    v_head_dim: int = 128
+    vocab_size: int = 1024              # the project's trained tokenizer
+    n_group: int = 8
+    topk_group: int = 4
+    routed_scaling_factor: float = 1.5
+    max_position_embeddings: int = 4096
+
+
+def hf_config(spec: EngineModelSpec) -> dict:
+    return {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", **asdict(spec),
+            "num_key_value_heads": spec.num_attention_heads, "hidden_act": "silu", "norm_topk_prob": True,
+            "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+            "topk_method": "noaux_tc", "scoring_func": "sigmoid", "bos_token_id": 1, "eos_token_id": 2,
+            "pad_token_id": 0, "attention_bias": False, "initializer_range": 0.02}
+
+
+def tensor_shapes(spec: EngineModelSpec):
+    """(name, shape, role) of every tensor, in DeepseekV3's HF checkpoint names."""
+    h, s = spec.hidden_size, spec
+    qk = s.qk_nope_head_dim + s.qk_rope_head_dim
+    yield "model.embed_tokens.weight", (s.vocab_size, h), "dense"
+    yield "lm_head.weight", (s.vocab_size, h), "dense"
+    yield "model.norm.weight", (h,), "norm"
+    for i in range(s.num_hidden_layers):
+        p = f"model.layers.{i}"
+        yield f"{p}.input_layernorm.weight", (h,), "norm"
+        yield f"{p}.post_attention_layernorm.weight", (h,), "norm"
+        yield f"{p}.self_attn.q_a_proj.weight", (s.q_lora_rank, h), "dense"
+        yield f"{p}.self_attn.q_a_layernorm.weight", (s.q_lora_rank,), "norm"
+        yield f"{p}.self_attn.q_b_proj.weight", (s.num_attention_heads * qk, s.q_lora_rank), "dense"
+        yield f"{p}.self_attn.kv_a_proj_with_mqa.weight", (s.kv_lora_rank + s.qk_rope_head_dim, h), "dense"
+        yield f"{p}.self_attn.kv_a_layernorm.weight", (s.kv_lora_rank,), "norm"
+        yield (f"{p}.self_attn.kv_b_proj.weight",
+               (s.num_attention_heads * (s.qk_nope_head_dim + s.v_head_dim), s.kv_lora_rank), "dense")
+        yield f"{p}.self_attn.o_proj.weight", (h, s.num_attention_heads * s.v_head_dim), "dense"
+        if i < s.first_k_dense_replace:
+            for proj, shape in (("gate_proj", (s.intermediate_size, h)), ("up_proj", (s.intermediate_size, h)),
+                                ("down_proj", (h, s.intermediate_size))):
+                yield f"{p}.mlp.{proj}.weight", shape, "dense"
+            continue
+        yield f"{p}.mlp.gate.weight", (s.n_routed_experts, h), "dense"
+        yield f"{p}.mlp.gate.e_score_correction_bias", (s.n_routed_experts,), "bias"
+        si = s.moe_intermediate_size * s.n_shared_experts
+        for proj, shape in (("gate_proj", (si, h)), ("up_proj", (si, h)), ("down_proj", (h, si))):
+            yield f"{p}.mlp.shared_experts.{proj}.weight", shape, "dense"
+        for e in range(s.n_routed_experts):
+            for proj, shape in (("gate_proj", (s.moe_intermediate_size, h)), ("up_proj", (s.moe_intermediate_size, h)),
+                                ("down_proj", (h, s.moe_intermediate_size))):
+                yield f"{p}.mlp.experts.{e}.{proj}.weight", shape, "expert"
+
+
+def _random(shape, role, gen, device) -> torch.Tensor:
+    if role == "norm":
+        return torch.ones(shape, dtype=torch.bfloat16, device=device)
+    if role == "bias":
+        return torch.zeros(shape, dtype=torch.float32, device=device)
+    fan_in = shape[-1]
+    return (torch.randn(shape, generator=gen, device=device) / fan_in ** 0.5).to(torch.bfloat16)
+
+
+def build(out: str | Path, experts: str = "nvfp4", spec: EngineModelSpec = EngineModelSpec(),
+          tokenizer: str | Path | None = None, device: str | None = None, seed: int = 0) -> Path:
+    """Write the checkpoint into ``out`` (atomically); returns it."""
+    from nvfp4stack.checkpoint.safetensors_io import save_sharded
+    from nvfp4stack.io_atomic import atomic_dir
+
+    if experts not in ("nvfp4", "bf16"):
+        raise ValueError(f"experts: expected nvfp4 or bf16, found {experts!r}")
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    gen = torch.Generator(device=device).manual_seed(seed)
+    act_scale = torch.tensor(8.0 / GLOBAL_DIVISOR)   # weight-only serving never reads it
+
+    def tensors():
+        pending = {}
+        for name, shape, role in tensor_shapes(spec):
+            t = _random(shape, role, gen, device)
+            if role != "expert" or experts == "bf16":
+                yield name, t.cpu()
+                continue
+            prefix, proj = name.rsplit(".", 2)[0], name.rsplit(".", 2)[1]
+            if proj == "gate_proj":
+                pending[prefix] = t
+                continue
+            if proj == "up_proj":  # w1/w3 under one global scale (vLLM fuses them), as modelopt exports
+                gate = pending.pop(prefix)
+                gs = torch.maximum(gate.float().abs().amax(), t.float().abs().amax()) / GLOBAL_DIVISOR
+                pairs = (("gate_proj", gate), ("up_proj", t))
+            else:
+                gs, pairs = None, (("down_proj", t),)
+            for pname, w in pairs:
+                q = quantize_nvfp4(w, gs, name=f"{prefix}.{pname}")
+                base = f"{prefix}.{pname}"
+                yield f"{base}.weight", q.data.cpu()
+                yield f"{base}.weight_scale", q.scale.cpu()
+                yield f"{base}.weight_scale_2", q.global_scale.float().reshape(()).cpu()
+                yield f"{base}.input_scale", act_scale
+
+    out = Path(out)
+    with atomic_dir(out) as tmp:
+        save_sharded(tensors(), tmp, max_shard_bytes=2 << 30)
+        cfg = hf_config(spec)
+        if experts == "nvfp4":
+            ignore = ["lm_head", "model.embed_tokens", "model.layers.0*"] + [
+                f"model.layers.{i}.{m}" for i in range(spec.first_k_dense_replace, spec.num_hidden_layers)
+                for m in ("mlp.gate", "mlp.shared_experts*", "self_attn*")]
+            quant = {"quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": 16, "exclude_modules": ignore}
+            (tmp / "hf_quant_config.json").write_text(json.dumps({"producer": {"name": "modelopt", "version": "0.47.0"},
+                                                                   "quantization": quant}, indent=1))
+            cfg["quantization_config"] = {"quant_method": "modelopt", "quant_algo": "NVFP4", "ignore": ignore,
+                                          "config_groups": {"group_0": {
+                                              "targets": ["Linear"],
+                                              "weights": {"dynamic": False, "group_size": 16, "num_bits": 4, "type": "float"},
+                                              "input_activations": {"dynamic": False, "group_size": 16, "num_bits": 4,
+                                                                    "type": "float"}}}}
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=1))
+        if tokenizer:
+            for f in Path(tokenizer).iterdir():
+                if f.name.startswith(("tokenizer", "special_tokens", "chat_template", "generation_config")):
+                    shutil.copy2(f, tmp / f.name)
+    return out
+
+
+def synthetic_checkpoint(root: Path, experts: str, num_layers: int, max_position: int) -> Path:
+    """The synthetic model with ``experts`` (nvfp4 or bf16) routed experts under ``root`` (built once)."""
+    from nvfp4stack.models.tokenizer import train_tokenizer
+
+    spec = EngineModelSpec(num_hidden_layers=num_layers, max_position_embeddings=max_position)
+    tok = root / f"tokenizer-{spec.vocab_size}"
+    if not (tok / "tokenizer.json").exists():
+        train_tokenizer(tok, spec.vocab_size)
+    d = root / f"{experts}-L{spec.num_hidden_layers}-h{spec.hidden_size}-e{spec.n_routed_experts}x{spec.moe_intermediate_size}"
+    if not (d / "config.json").exists():
+        print(f"[bench engine] building the synthetic {experts} checkpoint -> {d}", flush=True)
+        build(d, experts, spec, tokenizer=tok)
+    return d
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--experts", default="nvfp4", choices=("nvfp4", "bf16"))
+    ap.add_argument("--tokenizer", help="a dir with tokenizer.json (e.g. a tiny model's)")
+    ap.add_argument("--layers", type=int, default=3)
+    args = ap.parse_args(argv)
+    build(args.out, args.experts, EngineModelSpec(num_hidden_layers=args.layers), args.tokenizer)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

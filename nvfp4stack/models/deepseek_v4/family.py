@@ -1,0 +1,123 @@
+"""DeepSeek-V4 (Flash, Pro): the flagship family; everything the core asks of it, by lazy import."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from nvfp4stack.models.deepseek_v3.family import MLA_ATTN_PATTERNS
+from nvfp4stack.models.family import ModelFamily
+
+WO_A = "attn.wo_a"
+
+
+def _tiny(cache: Path, source_format: str, trained: bool = False) -> Path:
+    from nvfp4stack.models.deepseek_v4.tiny import build_tiny_dsv4, layout_dir
+
+    if trained:
+        from nvfp4stack.models.deepseek_v4.train import train_tiny_dsv4
+        from nvfp4stack.train.config import TrainConfig
+
+        root = train_tiny_dsv4(cache / "models", TrainConfig())
+    else:
+        root = build_tiny_dsv4(cache / "models")
+    return layout_dir(root, "release" if source_format == "official" else "bf16")
+
+
+class DeepseekV4Family(ModelFamily):
+    name = "deepseek_v4"
+    hf_architectures = ("DeepseekV4ForCausalLM",)
+    model_types = ("deepseek_v4",)
+    attn_roles = ("attn.wq_a", "attn.wq_b", "attn.wkv", WO_A, "attn.wo_b")
+    extra_roles = ("compressor", "indexer.wq_b", "indexer.weights_proj")
+    non_matrix_roles = ("mhc", "attn_sink")
+    # Order matters: the compressor (also under the indexer) before the attention projections.
+    role_patterns = (
+        ("compressor", r"\.compressor\."),
+        ("indexer.wq_b", r"\.indexer\.wq_b(\.|$)"),
+        ("indexer.weights_proj", r"\.indexer\.weights_proj(\.|$)"),
+        ("gate.bias", r"\.(ffn|mlp)\.gate\.tid2eid$"),
+        *MLA_ATTN_PATTERNS,
+        (WO_A, r"\.(attn|self_attn)\.wo_a(\.|$)"),
+        ("attn_sink", r"\.attn_sink$|\.sinks$"),
+        ("mhc", r"(^|\.)hc_(attn|ffn|head)_(fn|base|scale)$"),
+    )
+    # vLLM builds the compressor and the indexer's weights_proj with quant_config=None.
+    unquantized_roles = ("compressor", "indexer.weights_proj")
+    # Column/RowParallel or vocab-parallel in vLLM's DeepSeek-V4; the fused wq_a/wkv, the compressor,
+    # the indexer, norms and mHC are replicated on every GPU.
+    tp_sharded_roles = ("attn.wq_b", WO_A, "attn.wo_b", "shared_experts", "embed", "head")
+    # tiny_dsv4 stays random (most tests build on it); tiny_dsv4_trained is the same model trained.
+    shape_twins = {"tiny_dsv4_trained": "tiny_dsv4"}
+    trainable = ("tiny_dsv4", "tiny_dsv4_trained")
+    # The eager transformers forward (mHC, compressor, indexer) runs many times fewer tokens/s than the
+    # tiny DeepseekV3 (623 on shared cores): 100 steps learn the frequent words and give the fidelity
+    # harness non-uniform distributions, cheap enough to train on demand.
+    train_budgets = {"tiny_dsv4": (100, "329 s on 2 shared cores")}
+    export_formats = {"dsv4": ("modelopt", "cast")}  # modelopt's DeepSeek-V4 layout
+    converter_modules = ("nvfp4stack.models.deepseek_v4.compressor_fuse",)
+    vllm_quant_methods = ("deepseek_v4_fp8",)   # DeepseekV4FP8Config: the release's FP8 + MXFP4 format
+    vllm_tokenizer_modes = ("deepseek_v4",)
+    eval_levels = ("layertest", "e2e")
+
+    def check_hard_rules(self, group, source, target) -> None:
+        from nvfp4stack.plan.planner import PlanError
+        from nvfp4stack.schemes import Scheme
+
+        if group.role == WO_A and target in (Scheme.NVFP4, Scheme.NVFP4_W4A16, Scheme.MXFP4):
+            raise PlanError(
+                f"{group.name} (role {group.role}): wo_a cannot be {target.value} under vLLM's DeepSeek-V4 (its "
+                "o_proj reads the weight directly as a grouped bmm): expected fp8_block or bf16. Fix: "
+                "precision.attn.wo_a=fp8_block")
+
+    def factories(self):
+        return {"tiny_dsv4": _tiny, "tiny_dsv4_trained": lambda cache, fmt: _tiny(cache, fmt, trained=True)}
+
+    def train(self, factory: str, cache_root: Path, train_cfg) -> tuple[Path, bool]:
+        from nvfp4stack.models.deepseek_v4.train import ensure_trained_tiny_dsv4
+
+        return ensure_trained_tiny_dsv4(cache_root / "models", train_cfg)
+
+    def tensor_groups(self, hf: dict):
+        from nvfp4stack.models.deepseek_v4.spec import dsv4_tensor_groups
+
+        return dsv4_tensor_groups(hf)
+
+    def source_scheme(self, group, source_format: str):
+        from nvfp4stack.models.deepseek_v4.spec import source_scheme
+
+        return source_scheme(group, source_format)
+
+    def kv_cache(self, hf: dict, kv_dtype: str, block_size: int | None, mtp_layers: int, tp: int = 1):
+        # one latent KV head: every TP rank holds the whole cache, whatever tp is
+        from nvfp4stack.models.deepseek_v4.kv_cache import dsv4_cache_lines, resolve_kv_dtype
+
+        return resolve_kv_dtype(kv_dtype), dsv4_cache_lines(hf, kv_dtype, block_size, mtp_layers)
+
+    def served_config(self, src_config: dict, targets: set) -> dict | None:
+        from nvfp4stack.models.deepseek_v4.config_fixups import served_config
+
+        return served_config(src_config, targets)
+
+    def check_checkpoint(self, config: dict, tensors: dict, report) -> bool:
+        from nvfp4stack.models.deepseek_v4.doctor import check_checkpoint
+
+        return check_checkpoint(config, tensors, report)
+
+    def vllm_load_check(self, ckpt: Path, report, mode: str) -> None:
+        from nvfp4stack.models.deepseek_v4.doctor import vllm_load_check
+
+        vllm_load_check(ckpt, report, mode)
+
+    def quantize(self, cfg) -> int:
+        from nvfp4stack.models.deepseek_v4.quantize import run
+
+        return run(cfg)
+
+    def fidelity(self, cfg, seed: int) -> dict:
+        from nvfp4stack.models.deepseek_v4.fidelity import fidelity
+
+        return fidelity(cfg, seed)
+
+    def served_reference(self, bf16_dir: Path, served_dir: Path):
+        from nvfp4stack.models.deepseek_v4.reference import served_reference
+
+        return served_reference(bf16_dir, served_dir)

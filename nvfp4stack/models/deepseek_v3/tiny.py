@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from nvfp4stack.io_atomic import atomic_dir
-from nvfp4stack.models.tokenizer import BOS, EOS, PAD, train_tokenizer
+from nvfp4stack.models.tiny_build import seeded_init, tiny_model_dir
 
 
 # Bump when what a spec builds changes (tokenizer, init): part of both cache stamps (spec_dict).
@@ -84,28 +82,26 @@ def hf_config(spec: TinyV3Spec):
 def build_tiny_v3(out_dir: str | os.PathLike, spec: TinyV3Spec = TinyV3Spec()) -> Path:
     """Build the random bf16 model + tokenizer into ``out_dir`` (atomically; replaces it)."""
     import torch
-    from transformers import AutoTokenizer, DeepseekV3ForCausalLM
 
-    out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_dir(out) as tmp:
-        train_tokenizer(tmp / "tok", spec.vocab_size)
-        tok = AutoTokenizer.from_pretrained(tmp / "tok")
-        assert (tok.pad_token, tok.bos_token, tok.eos_token) == (PAD, BOS, EOS)
-        assert tok.convert_tokens_to_ids([PAD, BOS, EOS]) == [0, 1, 2], "special token ids moved"
-
-        with torch.random.fork_rng(devices=[]):  # seeded, without reseeding the caller's RNG
-            torch.manual_seed(spec.seed)
-            model = DeepseekV3ForCausalLM(hf_config(spec)).to(torch.bfloat16).eval()
-            # transformers inits the noaux_tc correction bias to zeros; a random one exercises it.
-            with torch.no_grad():
-                for layer in model.model.layers[spec.first_k_dense_replace:]:
-                    layer.mlp.gate.e_score_correction_bias.uniform_(-0.05, 0.05)
+    with tiny_model_dir(out_dir, spec.vocab_size) as (tmp, _tok):
+        model = seeded_init(spec.seed, lambda: init_tiny_v3(spec, torch.bfloat16)).eval()
         model.save_pretrained(tmp, safe_serialization=True)
-        tok.save_pretrained(tmp)
-        shutil.rmtree(tmp / "tok")
         patch_config_json(tmp / "config.json")
-    return out
+    return Path(out_dir)
+
+
+def init_tiny_v3(spec: TinyV3Spec, dtype):
+    """transformers' random init of the spec's DeepseekV3 in ``dtype``, with a random noaux_tc
+    correction bias (transformers inits it to zeros; a random one exercises it), drawn after the
+    cast. Call under ``seeded_init``."""
+    import torch
+    from transformers import DeepseekV3ForCausalLM
+
+    model = DeepseekV3ForCausalLM(hf_config(spec)).to(dtype)
+    with torch.no_grad():
+        for layer in model.model.layers[spec.first_k_dense_replace:]:
+            layer.mlp.gate.e_score_correction_bias.uniform_(-0.05, 0.05)
+    return model
 
 
 def patch_config_json(path: Path) -> None:
@@ -166,67 +162,12 @@ def ensure_trained_tiny_v3(cache_dir: str | os.PathLike, spec: TinyV3Spec = Tiny
 
 def reference_model(bf16_dir: str | os.PathLike, nvfp4_dir: str | os.PathLike, *, w4a4: bool,
                     dtype=None):
-    """transformers' DeepseekV3 forward with the routed experts of the NVFP4 export: the oracle.
-
-    Expert weights are the export's packed NVFP4 dequantized with ``formats.nvfp4``; with
-    ``w4a4`` each expert GEMM input is NVFP4 fake-quantized with the exported input_scale
-    (modelopt's W4A4 semantics). Everything else (MLA, routing, shared expert) is transformers'.
-    """
+    """transformers' DeepseekV3 forward with the routed experts of the NVFP4 export: the oracle
+    (``models.hf_experts``; MLA, routing and the shared expert are transformers')."""
     import torch
-    from safetensors import safe_open
     from transformers import DeepseekV3ForCausalLM
 
-    from nvfp4stack.formats.nvfp4 import dequantize_nvfp4, quantize_nvfp4_activation
+    from nvfp4stack.models.hf_experts import with_nvfp4_experts
 
-    dtype = dtype or torch.float32
-    model = DeepseekV3ForCausalLM.from_pretrained(bf16_dir, dtype=dtype).eval()
-    files = sorted(Path(nvfp4_dir).glob("*.safetensors"))
-    tensors = {}
-    for f in files:
-        with safe_open(str(f), "pt") as sf:
-            tensors.update({k: sf.get_tensor(k) for k in sf.keys() if ".experts." in k})
-
-    def deq(prefix):
-        return dequantize_nvfp4(tensors[f"{prefix}.weight"], tensors[f"{prefix}.weight_scale"],
-                                tensors[f"{prefix}.weight_scale_2"], torch.float32)
-
-    def fake_quant(x, scale):
-        q = quantize_nvfp4_activation(x.float(), scale)
-        return dequantize_nvfp4(q.data, q.scale, q.global_scale, torch.float32).to(x.dtype)
-
-    for li, layer in enumerate(model.model.layers):
-        experts = getattr(layer.mlp, "experts", None)
-        if experts is None:
-            continue
-        in_scales = []
-        with torch.no_grad():
-            for e in range(experts.num_experts):
-                p = f"model.layers.{li}.mlp.experts.{e}"
-                missing = [s for s in ("gate_proj", "up_proj", "down_proj") if f"{p}.{s}.weight" not in tensors]
-                if missing:
-                    raise KeyError(f"{nvfp4_dir}: {p}.{missing[0]}.weight missing; expected a modelopt "
-                                   "NVFP4 export of every routed expert")
-                experts.gate_up_proj[e] = torch.cat([deq(f"{p}.gate_proj"), deq(f"{p}.up_proj")]).to(dtype)
-                experts.down_proj[e] = deq(f"{p}.down_proj").to(dtype)
-                in_scales.append((tensors[f"{p}.gate_proj.input_scale"], tensors[f"{p}.down_proj.input_scale"]))
-        if w4a4:
-            experts.forward = _w4a4_experts_forward(experts, in_scales, fake_quant)
-    return model
-
-
-def _w4a4_experts_forward(experts, in_scales, fake_quant):
-    """transformers' DeepseekV3Experts.forward loop with NVFP4 activation fake-quant per GEMM."""
-    import torch
-
-    def forward(hidden_states, top_k_index, top_k_weights):
-        out = torch.zeros_like(hidden_states)
-        for e in top_k_index.unique().tolist():
-            token_idx, pos = torch.where(top_k_index == e)
-            x = fake_quant(hidden_states[token_idx], in_scales[e][0])
-            gate, up = torch.nn.functional.linear(x, experts.gate_up_proj[e]).chunk(2, dim=-1)
-            h = fake_quant(experts.act_fn(gate) * up, in_scales[e][1])
-            y = torch.nn.functional.linear(h, experts.down_proj[e]) * top_k_weights[token_idx, pos, None]
-            out.index_add_(0, token_idx, y.to(out.dtype))
-        return out
-
-    return forward
+    model = DeepseekV3ForCausalLM.from_pretrained(bf16_dir, dtype=dtype or torch.float32).eval()
+    return with_nvfp4_experts(model, nvfp4_dir, w4a4=w4a4)

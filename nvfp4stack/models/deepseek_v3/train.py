@@ -17,13 +17,8 @@ from nvfp4stack.train.loop import train_loop
 def train_tiny_v3(out_dir: str | Path, spec, cfg: TrainConfig) -> Path:
     """Train the tiny DeepseekV3 of ``spec`` from its seeded init; write bf16 weights, tokenizer and
     manifest into ``out_dir`` (atomically; replaces it). The caller's torch RNG state is left as it was."""
-    import shutil
-
-    from transformers import AutoTokenizer, DeepseekV3ForCausalLM
-
-    from nvfp4stack.io_atomic import atomic_dir
-    from nvfp4stack.models.deepseek_v3.tiny import hf_config, patch_config_json, spec_dict
-    from nvfp4stack.models.tokenizer import train_tokenizer
+    from nvfp4stack.models.deepseek_v3.tiny import init_tiny_v3, patch_config_json, spec_dict
+    from nvfp4stack.models.tiny_build import seeded_init, tiny_model_dir
 
     cfg = cfg.resolved("tiny_v3")
     key = train_key("tiny_v3", spec_dict(spec), cfg)
@@ -31,21 +26,13 @@ def train_tiny_v3(out_dir: str | Path, spec, cfg: TrainConfig) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     announce("tiny_v3", cfg, out)
     t_start = time.perf_counter()
-    with atomic_dir(out) as tmp:
-        train_tokenizer(tmp / "tok", spec.vocab_size)
-        tok = AutoTokenizer.from_pretrained(tmp / "tok")
-        with torch.random.fork_rng(devices=[]):  # the seeded init, without reseeding the caller's RNG
-            torch.manual_seed(spec.seed)
-            model = DeepseekV3ForCausalLM(hf_config(spec)).float()
-            with torch.no_grad():  # as build_tiny_v3: a random noaux_tc correction bias (a buffer, not trained)
-                for layer in model.model.layers[spec.first_k_dense_replace:]:
-                    layer.mlp.gate.e_score_correction_bias.uniform_(-0.05, 0.05)
+    with tiny_model_dir(out, spec.vocab_size) as (tmp, tok):
+        # the seeded init of build_tiny_v3 (the noaux_tc correction bias is a buffer: not trained)
+        model = seeded_init(spec.seed, lambda: init_tiny_v3(spec, torch.float32))
         streams = corpus_streams(tok, cfg)
         stats = train_loop(model, streams, cfg, desc="train tiny_v3")
         manifest = finish_manifest(model, streams, cfg, stats, key, t_start)
         model.to(torch.bfloat16).save_pretrained(tmp, safe_serialization=True)
-        tok.save_pretrained(tmp)
-        shutil.rmtree(tmp / "tok")
         patch_config_json(tmp / "config.json")
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
         (tmp / STAMP).write_text(json.dumps(key, sort_keys=True))

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from nvfp4stack.io_atomic import atomic_dir
-from nvfp4stack.models.tokenizer import BOS, EOS, PAD, train_tokenizer
+from nvfp4stack.models.tiny_build import seeded_init, tiny_model_dir
 
 # Bump when what a spec builds changes (tokenizer, init): part of the cache stamp (spec_dict).
 SPEC_VERSION = 1
@@ -78,23 +76,12 @@ def hf_config(spec: TinyQwen3MoeSpec):
 def build_tiny_qwen3_moe(out_dir: str | os.PathLike, spec: TinyQwen3MoeSpec = TinyQwen3MoeSpec()) -> Path:
     """Build the random bf16 model + tokenizer into ``out_dir`` (atomically; replaces it)."""
     import torch
-    from transformers import AutoTokenizer, Qwen3MoeForCausalLM
+    from transformers import Qwen3MoeForCausalLM
 
-    out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_dir(out) as tmp:
-        train_tokenizer(tmp / "tok", spec.vocab_size)
-        tok = AutoTokenizer.from_pretrained(tmp / "tok")
-        if tok.convert_tokens_to_ids([PAD, BOS, EOS]) != [0, 1, 2]:
-            raise ValueError(f"tokenizer: expected {PAD}, {BOS}, {EOS} at ids 0, 1, 2 (the config's pad/bos/eos), "
-                             f"found {tok.convert_tokens_to_ids([PAD, BOS, EOS])}; fix models/tokenizer.py")
-        with torch.random.fork_rng(devices=[]):  # seeded, without reseeding the caller's RNG
-            torch.manual_seed(spec.seed)
-            model = Qwen3MoeForCausalLM(hf_config(spec)).to(torch.bfloat16).eval()
+    with tiny_model_dir(out_dir, spec.vocab_size) as (tmp, _tok):
+        model = seeded_init(spec.seed, lambda: Qwen3MoeForCausalLM(hf_config(spec))).to(torch.bfloat16).eval()
         model.save_pretrained(tmp, safe_serialization=True)
-        tok.save_pretrained(tmp)
-        shutil.rmtree(tmp / "tok")
-    return out
+    return Path(out_dir)
 
 
 def spec_dict(spec: TinyQwen3MoeSpec) -> dict:

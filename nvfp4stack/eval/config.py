@@ -3,12 +3,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-EVAL_LEVELS = ("layertest", "e2e", "serve_task")
+# auto: the model family's first fidelity level (ModelFamily.eval_levels), resolved by the eval task
+EVAL_LEVELS = ("auto", "layertest", "e2e", "serve_task")
 
 
 @dataclass
 class EvalConfig:
-    level: str = "layertest"
+    level: str = "auto"
     num_prompts: int = 8
     max_tokens: int = 64
     seed: int = 0

@@ -1,5 +1,6 @@
 """``eval``: fidelity of the planned precision against the BF16 reference (or a live server's task score).
 
+eval.level=auto (the default): the model family's first level below (DeepSeek-V4: layertest, others e2e);
 eval.level=layertest: per module / per expert output fidelity on captured real activations;
 eval.level=e2e: next-token KL, top-1 agreement and perplexity over bundled texts;
 eval.level=serve_task: numeric answers of a JSONL task set from an OpenAI-compatible endpoint.
@@ -7,6 +8,7 @@ Writes metrics.json and metrics.md into cfg.run_dir.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 
 
@@ -15,6 +17,22 @@ def _seed(cfg) -> int:
     seed = int(cfg.eval.seed)
     print(f"eval: seed={seed} (prompt order and calibration texts; change with eval.seed=N)")
     return seed
+
+
+def _with_level(cfg):
+    """``cfg`` with eval.level=auto resolved to the model family's first fidelity level."""
+    if cfg.eval.level != "auto":
+        return cfg
+    from nvfp4stack.models.registry import get_family
+
+    family = get_family(cfg.model.family)
+    if not family.eval_levels:
+        raise ValueError(f"eval.level=auto: model.family={family.name} has no reference forward to compare with; "
+                         "found no eval level. Fix: set eval.level=serve_task with eval.tasks_file and eval.endpoint")
+    level = family.eval_levels[0]
+    print(f"eval: eval.level=auto -> {level} (model.family={family.name}; others: "
+          f"{', '.join(family.eval_levels[1:]) or 'none'}, serve_task)")
+    return dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, level=level))
 
 
 def _fidelity(cfg, seed: int) -> dict:
@@ -33,6 +51,7 @@ def run(cfg) -> int:
     from nvfp4stack.eval.report import write_eval
 
     t0 = time.perf_counter()
+    cfg = _with_level(cfg)
     seed = _seed(cfg)
     metrics = {"level": cfg.eval.level, "model": cfg.model.name, "recipe": cfg.recipe, "seed": seed,
                "num_prompts": cfg.eval.num_prompts, "max_tokens": cfg.eval.max_tokens}

@@ -1,4 +1,5 @@
-"""``eval`` task: run(cfg) on the tiny DeepSeek-V4 writes metrics.json + metrics.md (layertest, e2e)."""
+"""``eval`` task: run(cfg) on the tiny DeepSeek-V4 writes metrics.json + metrics.md (layertest, e2e);
+eval.level=auto picks each family's first level."""
 from __future__ import annotations
 
 import json
@@ -14,6 +15,23 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def compose(*overrides: str):
     return compose_config(*overrides, "command=eval")
+
+
+@pytest.mark.parametrize("recipe, level", [("tiny_cpu", "e2e"), ("tiny_dsv4", "layertest"), ("tiny_qwen3_moe", "e2e")])
+def test_auto_level_is_the_familys_first(recipe, level, capsys):
+    from nvfp4stack.models.registry import get_family
+    from nvfp4stack.tasks.eval import _with_level
+
+    cfg = compose(f"recipe={recipe}", "eval.level=auto", "run_dir=/tmp/unused")
+    resolved = _with_level(cfg)
+    assert resolved.eval.level == level == get_family(cfg.model.family).eval_levels[0]
+    assert cfg.eval.level == "auto" and f"eval.level=auto -> {level}" in capsys.readouterr().out
+    explicit = compose(f"recipe={recipe}", "eval.level=serve_task", "run_dir=/tmp/unused")
+    assert _with_level(explicit) is explicit
+
+
+def test_default_level_is_auto():
+    assert compose("run_dir=/tmp/unused").eval.level == "auto"
 
 
 @pytest.fixture

@@ -67,3 +67,18 @@ def test_qwen3_parsers_are_registered_in_vllm():
 
     assert "qwen3" in ReasoningParserManager.list_registered()
     assert "hermes" in ToolParserManager.list_registered()
+
+
+@pytest.mark.parametrize("key", ["precision.attn.q_proj=fp8_block", "precision.gate=nvfp4", "precision.head=fp8_block"])
+def test_only_routed_experts_are_quantized(key, tmp_path):
+    """What quantize, serve and convert write keeps everything but the routed experts BF16: the plan refuses
+    another target in one line naming the tensor, the role and the key to set (plan and serve alike)."""
+    from nvfp4stack.plan.planner import PlanError
+
+    cfg = compose_config("recipe=qwen3_235b_b200", f"run_dir={tmp_path}", key)
+    role = key.split("=")[0].removeprefix("precision.")
+    with pytest.raises(PlanError, match=rf"\(role {role}\): a Qwen3-MoE serves only its routed experts quantized"
+                                        rf".*Fix: precision\.{role}=bf16"):
+        plan_for_config(cfg)
+    with pytest.raises(PlanError, match=rf"Fix: precision\.{role}=bf16"):
+        engine_plan_for(cfg)

@@ -21,6 +21,17 @@ class Qwen3MoeFamily(ModelFamily):
     serve_factories = ("tiny_qwen3_moe",)
     eval_levels = ("e2e",)
 
+    def check_hard_rules(self, group, source, target) -> None:
+        """Only the routed experts are quantized on this family: modelopt's experts-only export (what
+        ``quantize`` and ``serve`` write) and the config ``convert`` writes exclude every other module."""
+        from nvfp4stack.plan.planner import PlanError
+
+        if group.is_matrix and group.role != "routed_experts" and target not in (Scheme.BF16, Scheme.PASSTHROUGH):
+            raise PlanError(
+                f"{group.name} (role {group.role}): a Qwen3-MoE serves only its routed experts quantized (modelopt "
+                f"NVFP4_EXPERTS_ONLY_CFG; attention, router, embed and head stay BF16), found {target.value}. "
+                f"Fix: precision.{group.role}=bf16")
+
     # -- models ------------------------------------------------------------------------------
     def factories(self):
         from nvfp4stack.models.qwen3_moe.pipeline import FACTORY, build_factory

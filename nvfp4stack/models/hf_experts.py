@@ -39,6 +39,8 @@ def with_nvfp4_experts(model, nvfp4_dir: str | Path, *, w4a4: bool):
     from nvfp4stack.formats.nvfp4 import dequantize_nvfp4, quantize_nvfp4_activation
 
     tensors = expert_tensors(Path(nvfp4_dir))
+    # W4A16 needs the weights alone; W4A4 also the calibrated activation scales (a data-free convert has none)
+    needed = [f"{proj}.weight_scale" for proj in _PROJ] + (["gate_proj.input_scale", "down_proj.input_scale"] if w4a4 else [])
 
     def deq(prefix):
         return dequantize_nvfp4(tensors[f"{prefix}.weight"], tensors[f"{prefix}.weight_scale"],
@@ -57,13 +59,16 @@ def with_nvfp4_experts(model, nvfp4_dir: str | Path, *, w4a4: bool):
         with torch.no_grad():
             for e in range(experts.num_experts):
                 p = f"model.layers.{li}.mlp.experts.{e}"
-                missing = [s for s in _PROJ if f"{p}.{s}.weight_scale" not in tensors]
+                missing = [n for n in needed if f"{p}.{n}" not in tensors]
                 if missing:
-                    raise KeyError(f"{nvfp4_dir}: {p}.{missing[0]}.weight_scale missing; expected a modelopt NVFP4 "
-                                   "export of every routed expert (re-run quantize without per-layer BF16 rules)")
+                    fix = ("calibrate with quantize (W4A4 needs input scales; a data-free convert has none)"
+                           if missing[0].endswith("input_scale") else "re-run quantize without per-layer BF16 rules")
+                    raise KeyError(f"{nvfp4_dir}: {p}.{missing[0]} missing; expected a modelopt NVFP4 export of every "
+                                   f"routed expert; {fix}")
                 experts.gate_up_proj[e] = torch.cat([deq(f"{p}.gate_proj"), deq(f"{p}.up_proj")]).to(dtype)
                 experts.down_proj[e] = deq(f"{p}.down_proj").to(dtype)
-                in_scales.append((tensors[f"{p}.gate_proj.input_scale"], tensors[f"{p}.down_proj.input_scale"]))
+                if w4a4:
+                    in_scales.append((tensors[f"{p}.gate_proj.input_scale"], tensors[f"{p}.down_proj.input_scale"]))
         if w4a4:
             experts.forward = _w4a4_experts_forward(experts, in_scales, fake_quant)
     return model

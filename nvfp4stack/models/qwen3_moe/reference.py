@@ -33,13 +33,15 @@ def fidelity_e2e(cfg, seed: int) -> dict:
     from nvfp4stack.engine.plan_section import engine_plan_for
     from nvfp4stack.eval.e2e import compare_models
     from nvfp4stack.eval.prompts import eval_token_ids
-    from nvfp4stack.models.qwen3_moe.pipeline import bf16_source, serve_checkpoint
+    from nvfp4stack.models.qwen3_moe.pipeline import FACTORY, build_factory, serve_checkpoint
 
-    if cfg.model.path:
-        raise ValueError(f"eval.level=e2e for model.family=qwen3_moe: expected the tiny factory model (no "
-                         f"model.path), found model.path={cfg.model.path!r}; use recipe=tiny_qwen3_moe")
+    if cfg.model.path or cfg.model.factory != FACTORY or cfg.quantize.source:
+        raise ValueError(f"eval.level=e2e for model.family=qwen3_moe: expected the tiny factory model (model.factory="
+                         f"{FACTORY}, no model.path, no quantize.source: the build serve quantizes), found model.factory="
+                         f"{cfg.model.factory!r}, model.path={cfg.model.path!r}, quantize.source={cfg.quantize.source!r};"
+                         " use recipe=tiny_qwen3_moe")
     plan = engine_plan_for(cfg)
-    bf16 = bf16_source(cfg)
+    bf16 = build_factory(Path(cfg.cache_dir).expanduser(), "bf16")   # what serve_checkpoint quantizes
     layers = int(Qwen3MoeForCausalLM.config_class.from_pretrained(bf16).num_hidden_layers)
     scheme = routed_scheme(plan, "qwen3_moe", layers, range(layers))
     served = Path(serve_checkpoint(cfg, plan))        # the export serve runs (the BF16 build for bf16 experts)

@@ -134,6 +134,31 @@ def test_reference_forward_carries_the_exported_experts(built):
         assert 0.03 < rel < 0.2, rel
 
 
+@pytest.mark.slow
+def test_reference_of_a_weight_only_export(built, tmp_path):
+    """A data-free export (no input_scale, as convert writes) serves W4A16: its reference loads; the W4A4
+    reference needs the calibrated scales and says which tensor is missing and how to get it."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from nvfp4stack.models.qwen3_moe.reference import reference_model
+
+    _, bf16, nvfp4 = built
+    weight_only = tmp_path / "weight_only"
+    shutil.copytree(nvfp4, weight_only)
+    for f in weight_only.glob("*.safetensors"):
+        tensors = load_file(f)
+        save_file({k: v for k, v in tensors.items() if not k.endswith("input_scale")}, f, metadata={"format": "pt"})
+    with_scales = reference_model(bf16, nvfp4, w4a4=False)
+    without = reference_model(bf16, weight_only, w4a4=False)
+    for a, b in zip(with_scales.model.layers, without.model.layers):
+        assert torch.equal(a.mlp.experts.gate_up_proj, b.mlp.experts.gate_up_proj)
+    with pytest.raises(KeyError, match=r"model\.layers\.0\.mlp\.experts\.0\.gate_proj\.input_scale missing.*"
+                                       r"calibrate with quantize"):
+        reference_model(bf16, weight_only, w4a4=True)
+
+
 def test_ensure_builds_once_then_reuses(tmp_path):
     spec = TinyQwen3MoeSpec(num_hidden_layers=1, vocab_size=300, num_experts=2, num_experts_per_tok=1)
     first = ensure_tiny_qwen3_moe(tmp_path, spec)

@@ -46,7 +46,8 @@ Planning
 Checkpoints and vLLM
   ``converter_modules``                    modules whose import registers the family's own converters
                                            (``@CONVERTERS.register``); imported with nvfp4stack.convert.
-  ``served_config(src_config, targets)``   config.json for a converted checkpoint (fix-ups), or None
+  ``served_config(src_config, groups)``    config.json for a converted checkpoint (fix-ups), or None;
+                                           ``groups``: the plan's GroupPlans (role, target, converter)
                                            to copy the source's.
   ``check_checkpoint(config, tensors, report)``  family structure/config checks for the doctor;
                                            returns True when the checkpoint is in the layout vLLM
@@ -197,8 +198,9 @@ class ModelFamily:
         return None
 
     # -- checkpoints, vLLM -------------------------------------------------------------------
-    def served_config(self, src_config: dict, targets: set) -> dict | None:
-        """config.json of a converted checkpoint; ``targets``: {(role, Scheme)} the plan converts to."""
+    def served_config(self, src_config: dict, groups: list) -> dict | None:
+        """config.json of a converted checkpoint; ``groups``: the plan's GroupPlans (what each tensor
+        group is converted to, ``converter`` None where it is copied as stored)."""
         return None
 
     def check_checkpoint(self, config: dict, tensors: dict, report) -> bool:

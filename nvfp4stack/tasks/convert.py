@@ -60,8 +60,7 @@ def planned_config(cfg, plan, src: Path) -> dict | None:
 
     if not (src / "config.json").exists():
         return None
-    targets = {(g.role, g.target) for g in plan.groups if g.converter}
-    return get_family(cfg.model.family).served_config(json.loads((src / "config.json").read_text()), targets)
+    return get_family(cfg.model.family).served_config(json.loads((src / "config.json").read_text()), plan.groups)
 
 
 def default_dst(cfg, src: Path, choose) -> Path:

@@ -92,10 +92,10 @@ class DeepseekV4Family(ModelFamily):
 
         return resolve_kv_dtype(kv_dtype), dsv4_cache_lines(hf, kv_dtype, block_size, mtp_layers)
 
-    def served_config(self, src_config: dict, targets: set) -> dict | None:
+    def served_config(self, src_config: dict, groups: list) -> dict | None:
         from nvfp4stack.models.deepseek_v4.config_fixups import served_config
 
-        return served_config(src_config, targets)
+        return served_config(src_config, {(g.role, g.target) for g in groups if g.converter})
 
     def check_checkpoint(self, config: dict, tensors: dict, report) -> bool:
         from nvfp4stack.models.deepseek_v4.doctor import check_checkpoint

@@ -58,10 +58,10 @@ class Qwen3MoeFamily(ModelFamily):
         return qwen3_moe_cache_lines(hf, kv_dtype, block_size, tp)
 
     # -- checkpoints, vLLM -------------------------------------------------------------------
-    def served_config(self, src_config: dict, targets: set) -> dict | None:
+    def served_config(self, src_config: dict, groups: list) -> dict | None:
         from nvfp4stack.models.qwen3_moe.pipeline import served_config
 
-        return served_config(src_config, targets)
+        return served_config(src_config, groups)
 
     def check_checkpoint(self, config: dict, tensors: dict, report) -> bool:
         from nvfp4stack.models.qwen3_moe.doctor import check_checkpoint

@@ -3,6 +3,7 @@ the ``quantize`` command (modelopt NVFP4 on the routed experts, modelopt's unifi
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from nvfp4stack.schemes import Scheme
@@ -111,16 +112,27 @@ def quantize(cfg) -> int:
     return 0
 
 
-def served_config(src_config: dict, targets: set) -> dict | None:
+def served_config(src_config: dict, groups: list) -> dict | None:
     """config.json of a ``convert`` output: with routed experts converted to NVFP4, the modelopt NVFP4
-    quantization_config vLLM loads them with (group 16; everything but the routed experts excluded,
-    as modelopt's own export lists it). None (copy the source's) for other targets."""
-    if not any(role == "routed_experts" and scheme.is_nvfp4 for role, scheme in targets):
+    quantization_config vLLM loads them with (group 16). Everything not stored NVFP4 is excluded, as
+    modelopt's own export lists it: attention, router, embed, head, the dense MLP of non-MoE layers,
+    and the routed experts of layers the plan keeps BF16. None (copy the source's) for other plans."""
+    from nvfp4stack.models.qwen3_moe.spec import is_moe_layer
+
+    experts = [g for g in groups if g.role == "routed_experts"]
+    if not any(g.converter and g.target.is_nvfp4 for g in experts):
         return None
-    layers = int(src_config["num_hidden_layers"])
+    layer = re.compile(r"^model\.layers\.(\d+)\.")
+    nvfp4_layers = {int(layer.match(g.name).group(1)) for g in experts if g.target.is_nvfp4}
     ignore = ["lm_head", "model.embed_tokens"]
-    for i in range(layers):
-        ignore += [f"model.layers.{i}.mlp.gate", f"model.layers.{i}.self_attn*"]
+    for i in range(int(src_config["num_hidden_layers"])):
+        ignore.append(f"model.layers.{i}.self_attn*")
+        if not is_moe_layer(src_config, i):
+            ignore.append(f"model.layers.{i}.mlp*")
+            continue
+        ignore.append(f"model.layers.{i}.mlp.gate")
+        if i not in nvfp4_layers:
+            ignore.append(f"model.layers.{i}.mlp.experts*")
     fp4 = {"dynamic": False, "group_size": 16, "num_bits": 4, "type": "float"}
     quant = {"quant_method": "modelopt", "quant_algo": "NVFP4", "ignore": ignore,
              "config_groups": {"group_0": {"input_activations": fp4, "weights": fp4, "targets": ["Linear"]}}}

@@ -80,3 +80,28 @@ def test_family_identity():
     assert FAMILY.name == "qwen3_moe" and "Qwen3MoeForCausalLM" in FAMILY.hf_architectures
     assert "tiny_qwen3_moe" in FAMILY.factories()
     assert set(FAMILY.precision_roles) >= {"routed_experts", "attn.q_proj", "attn.o_proj"}
+
+
+def test_served_config_excludes_what_is_not_stored_nvfp4():
+    """convert's config.json: modelopt NVFP4 with every module not stored NVFP4 under ``ignore``: the
+    non-expert modules, the dense MLP of a non-MoE layer, and the experts of a layer the plan keeps BF16."""
+    from types import SimpleNamespace
+
+    src = {"num_hidden_layers": 4, "num_experts": 2, "mlp_only_layers": [3], "decoder_sparse_step": 1}
+
+    def experts(layer, target, converter):
+        return [SimpleNamespace(role="routed_experts", name=f"model.layers.{layer}.mlp.experts.{e}.{p}",
+                                target=target, converter=converter) for e in range(2) for p in ("gate_proj", "down_proj")]
+
+    attn = [SimpleNamespace(role="attn.q_proj", name="model.layers.0.self_attn.q_proj", target=Scheme.BF16, converter=None)]
+    groups = attn + experts(0, Scheme.NVFP4, "bf16_to_nvfp4") + experts(1, Scheme.BF16, None) \
+        + experts(2, Scheme.NVFP4_W4A16, "bf16_to_nvfp4")
+    quant = FAMILY.served_config(src, groups)["quantization_config"]
+    assert quant["quant_algo"] == "NVFP4" and quant["config_groups"]["group_0"]["weights"]["group_size"] == 16
+    ignore = set(quant["ignore"])
+    assert {"lm_head", "model.embed_tokens", "model.layers.1.mlp.experts*", "model.layers.3.mlp*"} <= ignore
+    assert {f"model.layers.{i}.self_attn*" for i in range(4)} <= ignore
+    assert {f"model.layers.{i}.mlp.gate" for i in range(3)} <= ignore
+    assert not {"model.layers.0.mlp.experts*", "model.layers.2.mlp.experts*", "model.layers.3.mlp.gate"} & ignore
+    # nothing converted to NVFP4: the source's config.json is copied as it is
+    assert FAMILY.served_config(src, attn + experts(0, Scheme.BF16, None)) is None

@@ -51,20 +51,6 @@ def snapshot_amax(model) -> dict:
     return out
 
 
-def restore_amax(model, snapshot: dict) -> None:
-    """Put a snapshot back into the model's quantizers (on their current device)."""
-    mods = dict(model.named_modules())
-    missing = [n for n in snapshot if n not in mods]
-    if missing:
-        raise KeyError(
-            f"amax snapshot names quantizers the model lacks, e.g. {missing[:3]}; "
-            "the snapshot was taken on another model or config"
-        )
-    for name, amax in snapshot.items():
-        dev = mods[name]._amax.device if getattr(mods[name], "_amax", None) is not None else "cpu"
-        mods[name].amax = amax.to(dev)
-
-
 def calibrate(model, tokenizer, quant_cfg_name: str, num_samples: int = 32, max_len: int = 256,
               seed: int = 0, forward_loop: Callable | None = None, disable: tuple[str, ...] = ()):
     """Insert modelopt quantizers and calibrate them on the stdlib corpus (or ``forward_loop``)."""
@@ -86,12 +72,12 @@ def calibrate(model, tokenizer, quant_cfg_name: str, num_samples: int = 32, max_
 
 def quantize_and_export(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
                         quant_cfg_name: str = "NVFP4_EXPERTS_ONLY_CFG", num_samples: int = 32,
-                        max_len: int = 256, seed: int = 0, keep_config_keys: tuple[str, ...] = ("topk_method", "scoring_func"),
+                        max_len: int = 256, seed: int = 0, keep_config_keys: tuple[str, ...] = (),
                         disable: tuple[str, ...] = ()) -> Path:
     """Quantize the HF model in ``model_dir`` with modelopt and export a unified HF checkpoint.
 
-    ``keep_config_keys``: config.json keys transformers' config class drops on save; they are
-    copied back from the source config.json so vLLM reads the same model (CONTEXT 5b).
+    ``keep_config_keys``: config.json keys the model's transformers config class drops on save (the
+    family knows which); they are copied back from the source config.json so vLLM reads the same model.
     The export is written to a temporary sibling dir and renamed into ``out_dir``.
     """
     import torch

@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-from nvfp4stack.models.deepseek_v3.tiny import TinyV3Spec, build_tiny_v3, reference_model
+from nvfp4stack.models.deepseek_v3.tiny import ROUTING_KEYS, TinyV3Spec, build_tiny_v3, reference_model
 
 
 @pytest.mark.parametrize("field,value,match", [
@@ -29,7 +29,8 @@ def built(tmp_path_factory):
                       vocab_size=512, seed=random.randrange(2**16))
     print(f"spec seed={spec.seed}")
     bf16 = build_tiny_v3(root / "bf16", spec)
-    nvfp4 = quantize_and_export(bf16, root / "nvfp4", num_samples=4, max_len=32, seed=1)
+    nvfp4 = quantize_and_export(bf16, root / "nvfp4", num_samples=4, max_len=32, seed=1,
+                                keep_config_keys=tuple(ROUTING_KEYS))
     return spec, bf16, nvfp4
 
 

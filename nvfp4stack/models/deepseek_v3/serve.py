@@ -15,7 +15,7 @@ def tiny_v3_checkpoint(cfg, plan: EnginePlan, *, build: bool = True) -> Path:
     modelopt, whose export lists them under ``ignore``: the checkpoint agrees with the plan. When
     the plan keeps every routed expert BF16 the BF16 build itself is served.
     """
-    from nvfp4stack.models.deepseek_v3.tiny import TinyV3Spec, ensure_tiny_v3
+    from nvfp4stack.models.deepseek_v3.tiny import ROUTING_KEYS, TinyV3Spec, ensure_tiny_v3
 
     cache = Path(cfg.cache_dir).expanduser() / "tiny_v3"
     spec = TinyV3Spec()
@@ -39,7 +39,7 @@ def tiny_v3_checkpoint(cfg, plan: EnginePlan, *, build: bool = True) -> Path:
         keep = f" (layers {bf16} kept BF16 as planned)" if bf16 else ""
         print(f"[serve] quantizing routed experts of {src} to NVFP4 with modelopt{keep} -> {out}", flush=True)
         quantize_and_export(src, out, "NVFP4_EXPERTS_ONLY_CFG", num_samples=cfg.quantize.calib_samples,
-                            max_len=cfg.quantize.calib_seq_len, seed=cfg.quantize.seed,
+                            max_len=cfg.quantize.calib_seq_len, seed=cfg.quantize.seed, keep_config_keys=tuple(ROUTING_KEYS),
                             disable=tuple(f"*layers.{i}.mlp.experts*" for i in bf16))
         stamp.write_text(want)
     return out

@@ -104,14 +104,15 @@ def init_tiny_v3(spec: TinyV3Spec, dtype):
     return model
 
 
-def patch_config_json(path: Path) -> None:
-    """Restore the routing fields transformers' DeepseekV3Config drops on save.
+# Routing fields transformers' DeepseekV3Config drops on save; without them vLLM builds no
+# ``e_score_correction_bias`` and fails to load it.
+ROUTING_KEYS = {"topk_method": "noaux_tc", "scoring_func": "sigmoid"}
 
-    Without them vLLM fails to load ``e_score_correction_bias`` (CONTEXT 5b).
-    """
+
+def patch_config_json(path: Path) -> None:
+    """Restore the routing fields (ROUTING_KEYS) transformers' DeepseekV3Config drops on save."""
     cfg = json.loads(path.read_text())
-    cfg["topk_method"] = "noaux_tc"
-    cfg["scoring_func"] = "sigmoid"
+    cfg.update(ROUTING_KEYS)
     path.write_text(json.dumps(cfg, indent=2, sort_keys=True))
 
 

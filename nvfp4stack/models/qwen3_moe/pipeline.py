@@ -52,7 +52,7 @@ def _export(src: Path, out: Path, q, bf16_layers: list[int]) -> None:
     from nvfp4stack.quantize.modelopt_ptq import quantize_and_export
 
     quantize_and_export(src, out, MODELOPT_CONFIG, num_samples=q.calib_samples, max_len=q.calib_seq_len,
-                        seed=q.seed, keep_config_keys=(), disable=tuple(f"*layers.{i}.mlp.experts*" for i in bf16_layers))
+                        seed=q.seed, disable=tuple(f"*layers.{i}.mlp.experts*" for i in bf16_layers))
 
 
 def serve_checkpoint(cfg, plan, build: bool = True) -> Path | None:

@@ -33,8 +33,7 @@ def built(tmp_path_factory):
     spec = TinyQwen3MoeSpec(num_hidden_layers=2, vocab_size=512, seed=random.randrange(2**16))
     print(f"spec seed={spec.seed}")
     bf16 = build_tiny_qwen3_moe(root / "bf16", spec)
-    nvfp4 = quantize_and_export(bf16, root / "nvfp4", "NVFP4_EXPERTS_ONLY_CFG", num_samples=4, max_len=32, seed=1,
-                                keep_config_keys=())
+    nvfp4 = quantize_and_export(bf16, root / "nvfp4", "NVFP4_EXPERTS_ONLY_CFG", num_samples=4, max_len=32, seed=1)
     return spec, bf16, nvfp4
 
 

@@ -155,8 +155,8 @@ class Nvfp4StackConfig(QuantizationConfig):
         elif isinstance(layer, LinearBase):
             kernel = self.plan.own_kernel(prefix, "linear")
             if kernel is not None:
-                # No nvfp4stack linear backend exists yet: NVFP4 linears run on vLLM's own kernels
-                # (on CPU: vLLM's emulation kernel, which the plugin registers for the CPU platform).
+                # nvfp4stack's linear backends (kernels/linear/) have no vLLM linear method: NVFP4 linears
+                # run on vLLM's own kernels (on CPU: vLLM's emulation kernel, registered by the plugin).
                 raise NotImplementedError(
                     f"{prefix}: the plan puts this linear on nvfp4stack kernel {kernel!r}, which has no "
                     "vLLM linear method yet; set backend.linear=vllm_emulation (or another vLLM backend)"

@@ -27,7 +27,7 @@ Roles (what a precision key names; see ``GENERIC_ROLES`` and ``GENERIC_PATTERNS`
   ``unquantized_roles``  matrix roles vLLM builds with ``quant_config=None``: the planner refuses any
                          target but bf16 for them; the doctor does not compare their served format.
   ``tp_sharded_roles``   roles vLLM splits across tensor-parallel ranks (memory plan); everything
-                         else is counted replicated. Generic default: experts, attention out, embed, head.
+                         else is counted replicated. Generic default: shared experts, embed, head.
   ``check_hard_rules``   family rules as ``PlanError`` (name the tensor, the role, the key and the fix).
 
 Models
@@ -46,13 +46,13 @@ Planning
 Checkpoints and vLLM
   ``converter_modules``                    modules whose import registers the family's own converters
                                            (``@CONVERTERS.register``); imported with nvfp4stack.convert.
-  ``served_config(src_config, groups)``    config.json for a converted checkpoint (fix-ups), or None;
-                                           ``groups``: the plan's GroupPlans (role, target, converter)
-                                           to copy the source's.
+  ``served_config(src_config, groups)``    config.json for a converted checkpoint (fix-ups), or None
+                                           to copy the source's; ``groups``: the plan's GroupPlans
+                                           (name, role, target, converter).
   ``check_checkpoint(config, tensors, report)``  family structure/config checks for the doctor;
                                            returns True when the checkpoint is in the layout vLLM
                                            loads (so the vLLM load check is worth running).
-  ``vllm_load_check(ckpt, report)``        vLLM's own loader on the checkpoint (doctor), optional.
+  ``vllm_load_check(ckpt, report, mode)``  vLLM's own loader on the checkpoint (doctor), optional.
   ``vllm_quant_methods``                   vLLM quantization methods of the family's own checkpoints
                                            that the plugin may sit on (tried before plain fp8).
   ``vllm_tokenizer_modes``                 vLLM ``--tokenizer-mode`` values the family adds.
@@ -66,7 +66,8 @@ Checkpoints and vLLM
                                            the generic ``hf_unified``, modelopt's export_hf_checkpoint).
 
 Fidelity
-  ``eval_levels``         the ``eval.level`` values ``fidelity`` supports.
+  ``eval_levels``         the ``eval.level`` values ``fidelity`` supports; the first is what
+                          ``eval.level=auto`` (the default) runs.
   ``fidelity(cfg, seed)`` the ``eval`` metrics dict for one level.
   ``served_reference(bf16_dir, served_dir)``  fp32 torch model carrying the served weights (logprob
                           comparisons against a live server).

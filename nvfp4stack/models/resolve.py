@@ -46,7 +46,13 @@ def header_dir(model, cache_dir: str) -> Path | None:
 def descriptor_files() -> dict[str, Path]:
     """Weight-free config.json descriptors by name: models/descriptors/ and each family's descriptors/."""
     found = sorted(DESCRIPTORS.glob("*.json")) + sorted(DESCRIPTORS.parent.glob("*/descriptors/*.json"))
-    return {p.stem: p for p in found}
+    out: dict[str, Path] = {}
+    for p in found:
+        if p.stem in out:
+            raise ValueError(f"model.descriptor {p.stem!r} is defined twice, in {out[p.stem]} and {p}; expected one "
+                             "file per name. Fix: rename one of them")
+        out[p.stem] = p
+    return out
 
 
 def config_json_path(model, cache_dir: str) -> Path:
@@ -56,5 +62,8 @@ def config_json_path(model, cache_dir: str) -> Path:
             raise FileNotFoundError(f"model.descriptor={model.descriptor!r} not found; valid: {', '.join(sorted(known))}")
         return known[model.descriptor]
     d = header_dir(model, cache_dir)
-    assert d is not None
+    if d is None:
+        raise ValueError(f"model: found model.path={model.path!r}, model.factory={model.factory!r}, "
+                         f"model.descriptor={model.descriptor!r}; expected one of them to name the model's config.json. "
+                         "Fix: set model.path=<checkpoint dir>, a model.factory, or a model.descriptor")
     return d / "config.json"

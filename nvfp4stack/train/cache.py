@@ -1,6 +1,7 @@
 """The trained-model cache shared by the families' tiny models: cache key, manifest, progress lines.
 
-A family's train function (``ModelFamily.train``) writes every result is written into a temporary sibling directory and renamed into place (an interrupted
+A family's train function (``ModelFamily.train``) writes every result into a temporary sibling
+directory and renames it into place (an interrupted
 run leaves nothing half-written; rerunning starts over, which costs at most the few-minute budget),
 with ``train_manifest.json``: seed, steps, tokens seen, train and held-out loss and perplexity,
 wall time, the spec and the training config.

@@ -27,7 +27,7 @@ class TritonW4A16Moe(MoeBackend):
     def supports_arch(cls, arch: Arch) -> Verdict:
         if not arch.is_cuda:
             return False, (
-                "triton_w4a16 needs a CUDA GPU (sm80, sm89, sm90, sm100, sm120) with Triton; "
+                f"triton_w4a16 needs a CUDA GPU ({', '.join(f'sm{v}' for v in _SUPPORTED_SM)}) with Triton; "
                 f"arch {arch} has none: use torch_emulation on CPU"
             )
         if arch.sm not in _SUPPORTED_SM:

@@ -1,6 +1,6 @@
 """``eval``: fidelity of the planned precision against the BF16 reference (or a live server's task score).
 
-eval.level=auto (the default): the model family's first level below (DeepSeek-V4: layertest, others e2e);
+eval.level=auto (the default): the first of the model family's levels (ModelFamily.eval_levels);
 eval.level=layertest: per module / per expert output fidelity on captured real activations;
 eval.level=e2e: next-token KL, top-1 agreement and perplexity over bundled texts;
 eval.level=serve_task: numeric answers of a JSONL task set from an OpenAI-compatible endpoint.

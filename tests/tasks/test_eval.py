@@ -71,11 +71,11 @@ def test_e2e_writes_metrics(tmp_path, seed):
     assert "KL mean" in (tmp_path / "metrics.md").read_text()
 
 
-def test_non_dsv4_model_is_refused_with_the_key(tmp_path):
+def test_level_the_family_lacks_is_refused_with_the_key(tmp_path):
     from nvfp4stack.tasks.eval import run
 
-    cfg = compose("recipe=tiny_cpu", f"run_dir={tmp_path}")
-    with pytest.raises(ValueError, match="model.family"):
+    cfg = compose("recipe=tiny_cpu", "eval.level=layertest", f"run_dir={tmp_path}")   # DeepseekV3: e2e only
+    with pytest.raises(ValueError, match=r"eval.level=layertest: model.family=deepseek_v3 has a reference forward for e2e"):
         run(cfg)
 
 

@@ -1,7 +1,7 @@
 """Fresh random seed per test, printed so a failure can be replayed (pytest -s shows it)."""
 import pytest
 
-from nvfp4stack.formats.testing import fresh_seed, random_weights
+from tests.support.numerics_data import fresh_seed, random_weights
 
 
 @pytest.fixture

@@ -2,10 +2,10 @@
 plan's conversion, compared against the BF16 reference.
 
 A BF16 source is quantized like modelopt (``reference.emulate_weight``). A quantized source (the
-official release: FP8-block attention, MXFP4 experts) starts from its stored values, not from the
-BF16 reference, so a BF16 target shows the release's own error and a same-format target passes its
-bytes through. MXFP4 -> NVFP4 goes through the planner's converter, ``mxfp4_to_nvfp4``, which
-is exact wherever a block's exponent fits E4M3 (V4's FP4-QAT experts: every block).
+FP8-block or MXFP4 release) starts from its stored values, not from the BF16 reference, so a BF16
+target shows the release's own error and a same-format target passes its bytes through. MXFP4 ->
+NVFP4 goes through the planner's converter, ``mxfp4_to_nvfp4``, which is exact wherever a block's
+exponent fits E4M3.
 """
 from __future__ import annotations
 
@@ -70,11 +70,12 @@ class PlannedWeights:
             return stored.to(w.dtype)
         return emulate_weight(stored.to(w.dtype), scheme, name, global_scale)
 
-    def experts_nvfp4(self, layer_prefix: str, n_experts: int, gate_up: torch.Tensor,
-                      down: torch.Tensor) -> tuple[Nvfp4Tensor, Nvfp4Tensor]:
-        """Stacked NVFP4 (w13 [E, 2I, H], w2 [E, H, I]) for a MoE kernel; w1/w3 share one global
-        scale per expert. ``gate_up`` / ``down`` are the BF16 reference weights."""
-        names = [[f"{layer_prefix}.{e}.{p}" for e in range(n_experts)] for p in ("w1", "w3", "w2")]
+    def experts_nvfp4(self, layer_prefix: str, n_experts: int, gate_up: torch.Tensor, down: torch.Tensor,
+                      proj: tuple[str, str, str]) -> tuple[Nvfp4Tensor, Nvfp4Tensor]:
+        """Stacked NVFP4 (w13 [E, 2I, H], w2 [E, H, I]) for a MoE kernel; gate and up share one global
+        scale per expert. ``gate_up`` / ``down`` are the BF16 reference weights; ``proj``: the family's
+        (gate, up, down) names of an expert's projections, ``{layer_prefix}.{e}.{name}``."""
+        names = [[f"{layer_prefix}.{e}.{p}" for e in range(n_experts)] for p in proj]
         if all(self.source_of(n) is Scheme.MXFP4 for ns in names for n in ns):
             mx = [[self._mxfp4(n) for n in ns] for ns in names]
             w13 = _stack([Mxfp4Tensor(torch.cat([a.data, b.data]), torch.cat([a.scale, b.scale]),
@@ -84,8 +85,8 @@ class PlannedWeights:
         w1, w3 = w13_f.chunk(2, dim=1)
         gs13 = torch.maximum(w1.abs().flatten(1).amax(1), w3.abs().flatten(1).amax(1)) / GLOBAL_DIVISOR
         gs13 = torch.where(gs13 == 0, torch.ones_like(gs13), gs13)
-        return (quantize_nvfp4(w13_f, gs13, name=f"{layer_prefix}.w13"),
-                quantize_nvfp4(down.detach().float(), name=f"{layer_prefix}.w2"))
+        return (quantize_nvfp4(w13_f, gs13, name=f"{layer_prefix}.{proj[0]}+{proj[1]}"),
+                quantize_nvfp4(down.detach().float(), name=f"{layer_prefix}.{proj[2]}"))
 
 
 def _stack(ms: list[Mxfp4Tensor]) -> Mxfp4Tensor:

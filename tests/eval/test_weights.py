@@ -55,7 +55,7 @@ def test_stacked_experts_share_one_global_scale_per_expert(root):
     gate_up = torch.stack([torch.cat([bf16.get(f"{prefix}.{e}.w1.weight"), bf16.get(f"{prefix}.{e}.w3.weight")])
                            for e in range(n)]).float()
     down = torch.stack([bf16.get(f"{prefix}.{e}.w2.weight") for e in range(n)]).float()
-    w13, w2 = pw.experts_nvfp4(prefix, n, gate_up, down)
+    w13, w2 = pw.experts_nvfp4(prefix, n, gate_up, down, proj=("w1", "w3", "w2"))
     assert w13.global_scale.shape == (n,) and w2.global_scale.shape == (n,)
     for e in (0, 7, 15):
         assert torch.equal(dequantize_expert(w13, e), gate_up[e]) and torch.equal(dequantize_expert(w2, e), down[e])

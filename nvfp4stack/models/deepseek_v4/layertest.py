@@ -87,7 +87,8 @@ def _act_scales(mod, hidden, idx) -> dict[str, torch.Tensor]:
 
 def _nvfp4_experts_fn(mod, prec: EvalPrecision, scales: dict, moe_backend: str):
     """(kernel name, forward(x, ids, weights), per-expert (w13, w2) getter) through the NVFP4 MoE kernel."""
-    w13, w2 = prec.weights.experts_nvfp4(mod._eval_prefix, mod.num_experts, mod.gate_up_proj, mod.down_proj)
+    w13, w2 = prec.weights.experts_nvfp4(mod._eval_prefix, mod.num_experts, mod.gate_up_proj, mod.down_proj,
+                                         proj=("w1", "w3", "w2"))
 
     def expert_weights(e: int) -> tuple[torch.Tensor, torch.Tensor]:
         return dequantize_expert(w13, e), dequantize_expert(w2, e)

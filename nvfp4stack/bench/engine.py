@@ -1,4 +1,4 @@
-"""Engine benchmark (``python main.py bench bench=engine``, issue #13): the recipe's vLLM OpenAI
+"""Engine benchmark (``python main.py bench bench=engine``): the recipe's vLLM OpenAI
 server, started the way ``serve`` starts it, once per MoE setting, and measured with vLLM's own
 serving benchmark (``vllm bench serve``, random prompts, ignore_eos):
 

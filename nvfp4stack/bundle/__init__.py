@@ -1,4 +1,4 @@
-"""Offline install bundles for air-gapped GPU hosts (issue #13).
+"""Offline install bundles for air-gapped GPU hosts.
 
 ``python -m nvfp4stack.bundle build``: resolve vLLM and what it needs for the target's Python and
 platform, leave out what the target already has, download the wheels and write numbered chunk

@@ -1,4 +1,4 @@
-"""Checkpoint doctor: is this checkpoint what the plan and vLLM's loader expect? (issue #8)
+"""Checkpoint doctor: is this checkpoint what the plan and vLLM's loader expect?
 
 One pass over the headers (files, index, names, shapes, dtypes), one lazy pass over the values
 (one tensor in memory at a time), the model family's own checks (its expected tensors and the

@@ -2,8 +2,8 @@
 into the quantization config. It is derived from the planner's ``Plan`` only (one decision).
 
 This dict travels as ``quantization_config["nvfp4stack"]`` inside vLLM's ``--hf-overrides``, so
-the engine config itself carries it to the API server, the engine core and every worker (the
-old monkey-patches never reached the workers). No vLLM import here: args.py and tests use it.
+the engine config itself carries it to the API server, the engine core and every worker
+(a patch of the parent process would reach none of them). No vLLM import here: args.py and tests use it.
 """
 from __future__ import annotations
 

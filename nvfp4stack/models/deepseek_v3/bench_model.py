@@ -1,5 +1,5 @@
 """A synthetic DeepseekV3-architecture checkpoint with DeepSeek-V4-Flash expert shapes, for engine
-benchmarks (issue #13): random weights, built where it runs (it is GBs: the GPU host builds it
+benchmarks: random weights, built where it runs (it is GBs: the GPU host builds it
 itself), routed experts either NVFP4 (quantized like modelopt by ``formats.nvfp4``, w1/w3 under one
 global scale, modelopt's unified-export names and config) or BF16.
 

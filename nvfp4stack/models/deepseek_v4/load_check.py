@@ -1,4 +1,4 @@
-"""Does vLLM's own DeepSeek-V4 loader fill every parameter from this checkpoint? (issue #5 item 4)
+"""Does vLLM's own DeepSeek-V4 loader fill every parameter from this checkpoint?
 
 Runs vLLM's code, not a copy: ``EngineArgs.create_engine_config`` (config parsing + quantization
 config choice), ``vllm.models.deepseek_v4.DeepseekV4ForCausalLM`` (the class vLLM picks for the

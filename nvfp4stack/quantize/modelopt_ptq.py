@@ -70,6 +70,18 @@ def calibrate(model, tokenizer, quant_cfg_name: str, num_samples: int = 32, max_
     return mtq.quantize(model, _quant_cfg(quant_cfg_name, disable), forward_loop or default_loop)
 
 
+def load_kwargs() -> dict:
+    """transformers' from_pretrained arguments for the model to calibrate: BF16, and on a host with CUDA
+    GPUs spread over them by accelerate (``device_map="auto"``, modelopt's hf_ptq flow), since a full-size
+    MoE does not fit one GPU nor, in practice, host memory; on CPU hosts it stays where it loads."""
+    import torch
+
+    kw = {"dtype": torch.bfloat16}
+    if torch.cuda.is_available():
+        kw["device_map"] = "auto"
+    return kw
+
+
 def quantize_and_export(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
                         quant_cfg_name: str = "NVFP4_EXPERTS_ONLY_CFG", num_samples: int = 32,
                         max_len: int = 256, seed: int = 0, keep_config_keys: tuple[str, ...] = (),
@@ -87,7 +99,7 @@ def quantize_and_export(model_dir: str | os.PathLike, out_dir: str | os.PathLike
     src = Path(model_dir)
     out = Path(out_dir)
     tokenizer = AutoTokenizer.from_pretrained(src)
-    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16).eval()
+    model = AutoModelForCausalLM.from_pretrained(src, **load_kwargs()).eval()
     calibrate(model, tokenizer, quant_cfg_name, num_samples=num_samples, max_len=max_len, seed=seed,
               disable=disable)
 

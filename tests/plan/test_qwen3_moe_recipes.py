@@ -82,3 +82,11 @@ def test_only_routed_experts_are_quantized(key, tmp_path):
         plan_for_config(cfg)
     with pytest.raises(PlanError, match=rf"Fix: precision\.{role}=bf16"):
         engine_plan_for(cfg)
+
+
+@pytest.mark.parametrize("recipe", ["qwen3_235b_h200", "qwen3_235b_b200"])
+def test_quantize_on_the_full_size_recipes_takes_the_family_path(recipe):
+    """`quantize` on a Qwen3 recipe needs modelopt into the unified HF export (the family refuses the
+    default, DeepSeek-V4's layout): the recipes say so, as the tiny one does."""
+    cfg = compose_config(f"recipe={recipe}", "run_dir=/tmp/unused")
+    assert (cfg.quantize.method, cfg.quantize.export_format) == ("modelopt", "hf_unified")

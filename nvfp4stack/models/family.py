@@ -29,6 +29,9 @@ Roles (what a precision key names; see ``GENERIC_ROLES`` and ``GENERIC_PATTERNS`
   ``tp_sharded_roles``   roles vLLM splits across tensor-parallel ranks (memory plan); everything
                          else is counted replicated. Generic default: shared experts, embed, head.
   ``check_hard_rules``   family rules as ``PlanError`` (name the tensor, the role, the key and the fix).
+  ``gate_up_pairs``      a routed expert's (gate, up) projection names, one pair per layout the family's
+                         checkpoints come in; the planner gives each pair one NVFP4 global scale (fused
+                         gate_up kernels read one). Generic default: ``(("gate_proj", "up_proj"),)``.
 
 Models
   ``factories()``        ``{factory name: builder(cache_root: Path, source_format: str) -> checkpoint dir}``
@@ -138,6 +141,7 @@ class ModelFamily:
     role_patterns: tuple[tuple[str, str], ...] = ()
     unquantized_roles: tuple[str, ...] = ()
     tp_sharded_roles: tuple[str, ...] = ("shared_experts", "embed", "head")
+    gate_up_pairs: tuple[tuple[str, str], ...] = (("gate_proj", "up_proj"),)
     shape_twins: dict[str, str] = {}
     trainable: tuple[str, ...] = ()
     train_budgets: dict[str, tuple[int, str]] = {}

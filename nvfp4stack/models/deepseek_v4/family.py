@@ -45,6 +45,9 @@ class DeepseekV4Family(ModelFamily):
     # Column/RowParallel or vocab-parallel in vLLM's DeepSeek-V4; the fused wq_a/wkv, the compressor,
     # the indexer, norms and mHC are replicated on every GPU.
     tp_sharded_roles = ("attn.wq_b", WO_A, "attn.wo_b", "shared_experts", "embed", "head")
+    # Routed experts are per-expert w1 (gate), w2 (down), w3 (up) in the native and unified layouts
+    # (transformers' own layout fuses them into one gate_up_proj, no pair to share a scale).
+    gate_up_pairs = (("w1", "w3"),)
     # tiny_dsv4 stays random (most tests build on it); tiny_dsv4_trained is the same model trained.
     shape_twins = {"tiny_dsv4_trained": "tiny_dsv4"}
     trainable = ("tiny_dsv4", "tiny_dsv4_trained")

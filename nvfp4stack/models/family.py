@@ -29,6 +29,10 @@ Roles (what a precision key names; see ``GENERIC_ROLES`` and ``GENERIC_PATTERNS`
   ``tp_sharded_roles``   roles vLLM splits across tensor-parallel ranks (memory plan); everything
                          else is counted replicated. Generic default: shared experts, embed, head.
   ``check_hard_rules``   family rules as ``PlanError`` (name the tensor, the role, the key and the fix).
+  ``mtp_module``         the native multi-token-prediction module: its tensors are ``<mtp_module>.<N>.*``
+                         (under any parent prefix). Generic default ``""``: the MTP layers are only the
+                         decoder layers numbered past ``num_hidden_layers`` (transformers' and vLLM's
+                         layout), which ``is_mtp`` counts for every family.
   ``gate_up_pairs``      a routed expert's (gate, up) projection names, one pair per layout the family's
                          checkpoints come in; the planner gives each pair one NVFP4 global scale (fused
                          gate_up kernels read one). Generic default: ``(("gate_proj", "up_proj"),)``.
@@ -82,6 +86,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -104,6 +109,15 @@ GENERIC_PATTERNS: tuple[tuple[str, str], ...] = (
     ("head", r"(^|\.)(head|lm_head)(\.weight)?$"),
     ("norms", r"norm(\.weight|\.bias)?$|layernorm(\.weight)?$"),
 )
+
+# A decoder layer's number in any layout ('layers.3.', 'model.layers.3.').
+_DECODER_LAYER = re.compile(r"(^|\.)layers\.(\d+)\.")
+
+
+@lru_cache(maxsize=None)
+def _mtp_module_pattern(module: str) -> re.Pattern:
+    """``<module>.<N>.`` under any parent prefix."""
+    return re.compile(rf"(^|\.){re.escape(module)}\.\d+\.")
 
 
 @dataclass(frozen=True)
@@ -142,6 +156,7 @@ class ModelFamily:
     unquantized_roles: tuple[str, ...] = ()
     tp_sharded_roles: tuple[str, ...] = ("shared_experts", "embed", "head")
     gate_up_pairs: tuple[tuple[str, str], ...] = (("gate_proj", "up_proj"),)
+    mtp_module: str = ""
     shape_twins: dict[str, str] = {}
     trainable: tuple[str, ...] = ()
     train_budgets: dict[str, tuple[int, str]] = {}
@@ -178,6 +193,16 @@ class ModelFamily:
             if pat.search(probe):
                 return role
         return None
+
+    def is_mtp(self, name: str, num_hidden_layers: int | None = None) -> bool:
+        """True for a multi-token-prediction tensor or module name: under the family's ``mtp_module``
+        (``mtp.0.ffn...``), or a decoder layer numbered ``num_hidden_layers`` or higher."""
+        if self.mtp_module and _mtp_module_pattern(self.mtp_module).search(name):
+            return True
+        if num_hidden_layers is None:
+            return False
+        m = _DECODER_LAYER.search(name)
+        return bool(m) and int(m.group(2)) >= num_hidden_layers
 
     def check_hard_rules(self, group: TensorGroup, source, target) -> None:
         """Raise ``PlanError`` when storing ``group`` as ``target`` breaks a rule of this family."""

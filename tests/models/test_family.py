@@ -17,3 +17,21 @@ def test_registry_gate_up_pairs_is_every_familys_once(monkeypatch):
     assert len(registry.gate_up_pairs()) == 2
     register_toy_family(monkeypatch, gate_up_pairs=(("wg", "wu"), ("w1", "w3")))
     assert registry.gate_up_pairs()[-1] == ("wg", "wu") and len(registry.gate_up_pairs()) == 3
+
+
+def test_mtp_is_the_native_module_or_a_layer_past_the_last():
+    generic = ModelFamily()
+    assert not generic.is_mtp("mtp.0.ffn.experts.1.w1.weight")                 # no native MTP module
+    assert generic.is_mtp("model.layers.61.mlp.experts.0.gate_proj", num_hidden_layers=61)
+    assert not generic.is_mtp("model.layers.60.mlp.experts.0.gate_proj", num_hidden_layers=61)
+    assert not generic.is_mtp("model.layers.61.mlp.experts.0.gate_proj")       # layer count unknown
+    v4 = get_family("deepseek_v4")
+    assert v4.mtp_module == "mtp" and v4.is_mtp("mtp.0.ffn.experts.1.w1.weight") and v4.is_mtp("model.mtp.1.e_proj.weight")
+    assert not v4.is_mtp("layers.0.mtp_gate.weight") and not v4.is_mtp("mtp.e_proj.weight")   # mtp.<N>. only
+    assert v4.is_mtp("layers.4.ffn.experts.0.w1", num_hidden_layers=4)
+    assert get_family("qwen3_moe").mtp_module == "" and get_family("deepseek_v3").mtp_module == ""
+
+
+def test_a_familys_own_mtp_module(monkeypatch):
+    toy = register_toy_family(monkeypatch, mtp_module="nextn")
+    assert toy.is_mtp("nextn.0.attn.q.weight") and not toy.is_mtp("mtp.0.attn.q.weight")

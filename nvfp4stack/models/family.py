@@ -47,6 +47,8 @@ Models
 Planning
   ``tensor_groups(hf)``  every ``TensorGroup`` from config.json alone (plans without weights), or None.
   ``source_scheme(group, source_format)``  stored scheme of such a group (``model.source_format``).
+  ``mtp_layers(hf)``     the MTP layers config.json declares (the draft vLLM builds for
+                         ``engine.speculative.method=mtp``, cached next to the model's); default 0.
   ``kv_cache(hf, kv_dtype, block_size, mtp_layers, tp)``  ``(stored dtype, [CacheLine])`` per GPU under
                          ``tp`` tensor-parallel ranks, or None.
 
@@ -221,6 +223,10 @@ class ModelFamily:
 
     def source_scheme(self, group: TensorGroup, source_format: str):
         raise self._missing("source_scheme", f"model.source_format={source_format!r}", "a checkpoint with weights")
+
+    def mtp_layers(self, hf: dict) -> int:
+        """How many multi-token-prediction layers config.json ``hf`` declares; 0: the family has none."""
+        return 0
 
     def kv_cache(self, hf: dict, kv_dtype: str, block_size: int | None, mtp_layers: int, tp: int = 1):
         """``(stored dtype, [CacheLine])`` per GPU for the plan's KV section, or None (no KV section);

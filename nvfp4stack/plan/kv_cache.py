@@ -52,11 +52,12 @@ def kv_cache_report(hf_config: dict, engine_cfg, arch_cfg, weight_bytes_per_gpu:
     kv_dtype = getattr(engine_cfg, "kv_cache_dtype", "auto")
     block = getattr(engine_cfg, "block_size", None)
     spec = getattr(engine_cfg, "speculative", None)
-    mtp_layers = int(hf_config.get("num_nextn_predict_layers", 0)) if getattr(spec, "method", None) == "mtp" else 0
     if family is None:
         from nvfp4stack.models.registry import family_for_config
 
         family = family_for_config(hf_config)
+    # an MTP draft caches its own layers next to the model's
+    mtp_layers = family.mtp_layers(hf_config) if getattr(spec, "method", None) == "mtp" else 0
     found = family.kv_cache(hf_config, kv_dtype, block, mtp_layers, tp=int(getattr(engine_cfg, "tp", 1) or 1))
     if found is None:
         return None

@@ -35,3 +35,10 @@ def test_mtp_is_the_native_module_or_a_layer_past_the_last():
 def test_a_familys_own_mtp_module(monkeypatch):
     toy = register_toy_family(monkeypatch, mtp_module="nextn")
     assert toy.is_mtp("nextn.0.attn.q.weight") and not toy.is_mtp("mtp.0.attn.q.weight")
+
+
+def test_mtp_layers_hook():
+    hf = {"num_nextn_predict_layers": 2}
+    assert ModelFamily().mtp_layers(hf) == 0 and get_family("qwen3_moe").mtp_layers(hf) == 0
+    assert get_family("deepseek_v3").mtp_layers(hf) == 2 and get_family("deepseek_v4").mtp_layers(hf) == 2
+    assert get_family("deepseek_v4").mtp_layers({}) == 0

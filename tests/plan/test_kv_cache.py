@@ -105,3 +105,24 @@ def test_pro_b200_fits_and_bf16_halves_it():
 def test_bad_kv_dtype_names_the_key():
     with pytest.raises(ValueError, match="engine.kv_cache_dtype"):
         resolve_kv_dtype("fp8_e5m2")
+
+
+def test_mtp_layers_cached_are_the_familys_count(monkeypatch):
+    from nvfp4stack.plan.kv_cache import CacheLine
+    from tests.support.toy_family import register_toy_family
+
+    seen = []
+
+    def kv_cache(self, hf, kv_dtype, block_size, mtp_layers, tp=1):
+        seen.append(mtp_layers)
+        return "bfloat16", [CacheLine("kv", 1 + mtp_layers, 4096, 16, bytes_per_token=256.0 * (1 + mtp_layers))]
+
+    toy = register_toy_family(monkeypatch, mtp_layers=lambda self, hf: hf["draft_layers"], kv_cache=kv_cache)
+    hf = {"draft_layers": 3, "num_nextn_predict_layers": 7}   # DeepSeek's key means nothing to this family
+    r = kv_cache_report(hf, _engine(), SimpleNamespace(gpu_memory_gb=0.0), 0.0, family=toy)
+    assert seen == [3] and r["mtp_layers_cached"] == 3 and r["bytes_per_token"] == 1024.0
+    off = kv_cache_report(hf, _engine(speculative=SimpleNamespace(method=None)), SimpleNamespace(gpu_memory_gb=0.0),
+                          0.0, family=toy)
+    assert seen == [3, 0] and off["mtp_layers_cached"] == 0
+    assert kv_cache_report(PRO, _engine(), SimpleNamespace(gpu_memory_gb=0.0), 0.0)["mtp_layers_cached"] == \
+        PRO["num_nextn_predict_layers"]

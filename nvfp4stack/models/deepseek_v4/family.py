@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nvfp4stack.models.deepseek_v3.family import MLA_ATTN_PATTERNS
+from nvfp4stack.models.deepseek_v3.family import MLA_ATTN_PATTERNS, nextn_predict_layers
 from nvfp4stack.models.family import ModelFamily
 
 WO_A = "attn.wo_a"
@@ -89,6 +89,9 @@ class DeepseekV4Family(ModelFamily):
         from nvfp4stack.models.deepseek_v4.spec import source_scheme
 
         return source_scheme(group, source_format)
+
+    def mtp_layers(self, hf: dict) -> int:
+        return nextn_predict_layers(hf)
 
     def kv_cache(self, hf: dict, kv_dtype: str, block_size: int | None, mtp_layers: int, tp: int = 1):
         # one latent KV head: every TP rank holds the whole cache, whatever tp is

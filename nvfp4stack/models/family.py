@@ -49,8 +49,10 @@ Planning
   ``source_scheme(group, source_format)``  stored scheme of such a group (``model.source_format``).
   ``mtp_layers(hf)``     the MTP layers config.json declares (the draft vLLM builds for
                          ``engine.speculative.method=mtp``, cached next to the model's); default 0.
-  ``kv_cache(hf, kv_dtype, block_size, mtp_layers, tp)``  ``(stored dtype, [CacheLine])`` per GPU under
-                         ``tp`` tensor-parallel ranks, or None.
+  ``kv_cache(hf, kv_dtype, block_size, mtp_layers, tp, model_dtype)``  ``(stored dtype, [CacheLine])``
+                         per GPU under ``tp`` tensor-parallel ranks, or None; ``model_dtype``: the dtype
+                         the engine runs the model in (``engine.dtype``, auto resolved as vLLM does),
+                         what ``kv_cache_dtype=auto`` stores unless vLLM's code for the family says otherwise.
 
 Checkpoints and vLLM
   ``converter_modules``                    modules whose import registers the family's own converters
@@ -228,9 +230,12 @@ class ModelFamily:
         """How many multi-token-prediction layers config.json ``hf`` declares; 0: the family has none."""
         return 0
 
-    def kv_cache(self, hf: dict, kv_dtype: str, block_size: int | None, mtp_layers: int, tp: int = 1):
+    def kv_cache(self, hf: dict, kv_dtype: str, block_size: int | None, mtp_layers: int, tp: int = 1,
+                 model_dtype: str | None = None):
         """``(stored dtype, [CacheLine])`` per GPU for the plan's KV section, or None (no KV section);
-        ``tp``: tensor-parallel ranks (attention with several KV heads splits them over the ranks)."""
+        ``tp``: tensor-parallel ranks (attention with several KV heads splits them over the ranks);
+        ``model_dtype``: the dtype the engine runs the model in (None: config.json's, as vLLM's
+        ``--dtype auto`` picks it; ``plan.kv_cache.model_dtype``)."""
         return None
 
     # -- checkpoints, vLLM -------------------------------------------------------------------

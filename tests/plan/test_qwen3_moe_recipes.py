@@ -82,3 +82,17 @@ def test_only_routed_experts_are_quantized(key, tmp_path):
         plan_for_config(cfg)
     with pytest.raises(PlanError, match=rf"Fix: precision\.{role}=bf16"):
         engine_plan_for(cfg)
+
+
+def test_tiny_recipe_kv_cache_is_the_served_float32(tmp_path):
+    """tiny_qwen3_moe serves engine.dtype=float32 with kv_cache_dtype=auto: its KV cache is float32
+    (config.json says bfloat16; vLLM caches the dtype the engine runs)."""
+    from nvfp4stack.tasks.plan import run
+
+    cfg = compose_config("recipe=tiny_qwen3_moe", f"run_dir={tmp_path}")
+    assert (cfg.engine.dtype, cfg.engine.kv_cache_dtype) == ("float32", "auto")
+    assert run(cfg) == 0
+    kv = json.loads((tmp_path / "plan.json").read_text())["kv_cache"]
+    assert (kv["stored_as"], kv["model_dtype"]) == ("float32", "float32")
+    (line,) = kv["caches"]
+    assert kv["bytes_per_token"] == line["layers"] * 2 * 2 * 64 * 4      # K and V, 2 heads of 64, 4 bytes

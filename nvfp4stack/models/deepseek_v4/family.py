@@ -93,8 +93,10 @@ class DeepseekV4Family(ModelFamily):
     def mtp_layers(self, hf: dict) -> int:
         return nextn_predict_layers(hf)
 
-    def kv_cache(self, hf: dict, kv_dtype: str, block_size: int | None, mtp_layers: int, tp: int = 1):
-        # one latent KV head: every TP rank holds the whole cache, whatever tp is
+    def kv_cache(self, hf: dict, kv_dtype: str, block_size: int | None, mtp_layers: int, tp: int = 1,
+                 model_dtype: str | None = None):
+        # one latent KV head: every TP rank holds the whole cache, whatever tp is; auto is fp8_ds_mla
+        # whatever dtype the model runs in (resolve_kv_dtype), so model_dtype changes nothing here
         from nvfp4stack.models.deepseek_v4.kv_cache import dsv4_cache_lines, resolve_kv_dtype
 
         return resolve_kv_dtype(kv_dtype), dsv4_cache_lines(hf, kv_dtype, block_size, mtp_layers)

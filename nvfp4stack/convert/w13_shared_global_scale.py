@@ -1,5 +1,7 @@
-"""Give an expert's gate (w1 / gate_proj) and up (w3 / up_proj) projections one global scale, as fused
-gate_up kernels need.
+"""Give an expert's gate and up projections one global scale, as fused gate_up kernels need.
+
+The projection names come from the model families (``ModelFamily.gate_up_pairs``): the converter
+gets the expert's sub-modules and takes the one registered pair among them.
 
 The shared scale is max(gs1, gs3) (and max of the input scales). From BF16 both are quantized
 once with it. From NVFP4, the tensor that already has the max keeps its bytes; the other has
@@ -15,18 +17,23 @@ from nvfp4stack.convert.groups import input_scale_of, nvfp4_from_group, nvfp4_to
 from nvfp4stack.formats.e2m1 import e2m1_decode, e2m1_encode, pack_e2m1, unpack_e2m1
 from nvfp4stack.formats.nvfp4 import (BLOCK, E4M3_MAX, SCALE_MIN, Nvfp4Tensor, nvfp4_global_scale,
                                       quantize_nvfp4)
-from nvfp4stack.plan.planner import GATE_UP_PAIRS
 from nvfp4stack.schemes import Scheme
 
 
-def gate_up_parts(tensors: dict, name: str) -> tuple[str, str]:
-    """The (gate, up) sub-module names among ``tensors``' keys ('w1.weight', 'gate_proj.weight_scale', ...)."""
+def gate_up_parts(tensors: dict, name: str, pairs: tuple[tuple[str, str], ...] | None = None) -> tuple[str, str]:
+    """The (gate, up) sub-module names among ``tensors``' keys ('w1.weight', 'gate_proj.weight_scale', ...);
+    ``pairs``: the candidate (gate, up) names (default: every registered family's ``gate_up_pairs``)."""
+    if pairs is None:
+        from nvfp4stack.models.registry import gate_up_pairs
+
+        pairs = gate_up_pairs()
     heads = {k.split(".", 1)[0] for k in tensors}
-    found = [pair for pair in GATE_UP_PAIRS if heads & set(pair)]
+    found = [pair for pair in pairs if heads & set(pair)]
     if len(found) != 1 or not set(found[0]) <= heads:
-        want = " or ".join(f"{name}.{g} and {name}.{u}" for g, u in GATE_UP_PAIRS)
-        raise KeyError(f"{name}: w13_shared_global_scale needs both projections of one pair ({want}); found "
-                       f"{sorted(heads)}. Route the down projection and other modules to another converter")
+        want = " or ".join(f"{name}.{g} and {name}.{u}" for g, u in pairs)
+        raise KeyError(f"{name}: w13_shared_global_scale needs both projections of one (gate, up) pair ({want}); "
+                       f"found {sorted(heads)}. Route the down projection and other modules to another converter, "
+                       "or declare the model's pair in its family's gate_up_pairs")
     return found[0]
 
 

@@ -56,7 +56,7 @@ def diagnose(checkpoint: str | Path, *, values: bool = True, vllm: str = "auto",
     family = _family(cfg)
     loadable = family is not None and family.check_checkpoint(cfg, tensors, report)
     if values and tensors:
-        check_values(tensors, report)
+        check_values(tensors, report, family.gate_up_pairs if family is not None else None)
     if plan is not None:
         _check_plan(plan, report)
     if loadable:

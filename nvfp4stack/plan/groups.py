@@ -70,7 +70,7 @@ def groups_from_checkpoint(ckpt: Path, num_hidden_layers: int | None,
             shape = (*shape[:-1], shape[-1] * 2)  # two E2M1 values per byte
         matrix = len(shape) >= 2 and role not in non_matrix and w["dtype"] not in ("I64", "I32")
         dtype = {"F32": "f32", "I64": "i64", "I32": "i32"}.get(w["dtype"], "bf16")
-        yield TensorGroup(g, shape, role, is_mtp(g, num_hidden_layers), dtype, matrix), scheme
+        yield TensorGroup(g, shape, role, is_mtp(g, num_hidden_layers, family), dtype, matrix), scheme
 
 
 def load_config_json(path: Path) -> dict:

@@ -37,12 +37,27 @@ def window_pages(window: int, block: int) -> int:
     return -(-(window - 1 + DECODE_IN_FLIGHT) // block) + 1
 
 
+def model_dtype(engine_dtype: str | None, hf_config: dict) -> str:
+    """The dtype vLLM runs the model in, which ``--kv-cache-dtype auto`` caches
+    (vllm/utils/torch_utils.py ``kv_cache_dtype_str_to_dtype``: auto -> model_config.dtype).
+
+    ``engine.dtype`` when set; for ``auto`` config.json's ``torch_dtype`` (``dtype`` in newer
+    configs), bfloat16 when it names none, and a float32 config runs as bfloat16: vLLM downcasts it
+    to the platform's first supported dtype, bfloat16 on Ampere and later GPUs and on x86 CPUs
+    (vllm/config/model.py ``_resolve_auto_dtype``).
+    """
+    if engine_dtype and engine_dtype != "auto":
+        return engine_dtype
+    config = str(hf_config.get("torch_dtype") or hf_config.get("dtype") or "bfloat16").removeprefix("torch.")
+    return "bfloat16" if config in ("float32", "float") else config
+
+
 def kv_cache_report(hf_config: dict, engine_cfg, arch_cfg, weight_bytes_per_gpu: float, family=None) -> dict | None:
     """KV bytes per token / per sequence on one GPU and what fits after the weights.
 
     Args:
         hf_config: the model's config.json.
-        engine_cfg: ``cfg.engine`` (kv_cache_dtype, block_size, max_model_len, tp, speculative, ...).
+        engine_cfg: ``cfg.engine`` (kv_cache_dtype, dtype, block_size, max_model_len, tp, speculative, ...).
         arch_cfg: ``cfg.arch`` (gpu_memory_gb, decimal GB per GPU; 0 = unknown, nothing to fit).
         weight_bytes_per_gpu: the plan's per-GPU weight bytes.
         family: the model's ``ModelFamily`` (default: the one config.json names).
@@ -52,12 +67,15 @@ def kv_cache_report(hf_config: dict, engine_cfg, arch_cfg, weight_bytes_per_gpu:
     kv_dtype = getattr(engine_cfg, "kv_cache_dtype", "auto")
     block = getattr(engine_cfg, "block_size", None)
     spec = getattr(engine_cfg, "speculative", None)
-    mtp_layers = int(hf_config.get("num_nextn_predict_layers", 0)) if getattr(spec, "method", None) == "mtp" else 0
     if family is None:
         from nvfp4stack.models.registry import family_for_config
 
         family = family_for_config(hf_config)
-    found = family.kv_cache(hf_config, kv_dtype, block, mtp_layers, tp=int(getattr(engine_cfg, "tp", 1) or 1))
+    # an MTP draft caches its own layers next to the model's
+    mtp_layers = family.mtp_layers(hf_config) if getattr(spec, "method", None) == "mtp" else 0
+    dtype = model_dtype(getattr(engine_cfg, "dtype", "auto"), hf_config)
+    found = family.kv_cache(hf_config, kv_dtype, block, mtp_layers, tp=int(getattr(engine_cfg, "tp", 1) or 1),
+                            model_dtype=dtype)
     if found is None:
         return None
     stored, lines = found
@@ -67,7 +85,7 @@ def kv_cache_report(hf_config: dict, engine_cfg, arch_cfg, weight_bytes_per_gpu:
     gpu_bytes = float(getattr(arch_cfg, "gpu_memory_gb", 0.0) or 0.0) * GB
     max_len = getattr(engine_cfg, "max_model_len", None) or int(hf_config.get("max_position_embeddings", 0)) or None
     out = {
-        "kv_cache_dtype": kv_dtype, "stored_as": stored, "block_size": block,
+        "kv_cache_dtype": kv_dtype, "stored_as": stored, "model_dtype": dtype, "block_size": block,
         "mtp_layers_cached": mtp_layers,
         "caches": [vars(c) for c in lines],
         "bytes_per_token": per_token, "bytes_per_seq": per_seq,

@@ -15,11 +15,6 @@ from nvfp4stack.plan.memory import Layout, group_bytes, shard_factor
 from nvfp4stack.plan.rules import PrecisionRule, first_match
 from nvfp4stack.schemes import Scheme
 
-# A routed expert's (gate, up) projection names, by checkpoint layout (native w1/w3, transformers):
-# fused gate_up kernels read one global scale for the pair.
-GATE_UP_PAIRS = (("w1", "w3"), ("gate_proj", "up_proj"))
-_GATE_UP_SUFFIXES = tuple(f".{p}" for pair in GATE_UP_PAIRS for p in pair)
-
 
 class PlanError(ValueError):
     """The requested precision/backend/arch combination breaks a rule; the message says which and the fix."""
@@ -185,6 +180,14 @@ def check_hard_rules(group: TensorGroup, source: Scheme, target: Scheme, family:
     fam.check_hard_rules(group, source, target)
 
 
+def is_gate_or_up(name: str, family: str) -> bool:
+    """True when ``name`` ends in a gate or up projection of one of ``family``'s
+    ``ModelFamily.gate_up_pairs`` ('layers.3.ffn.experts.5.w1' under w1/w3)."""
+    from nvfp4stack.models.registry import get_family
+
+    return name.endswith(tuple(f".{p}" for pair in get_family(family).gate_up_pairs for p in pair))
+
+
 FP8_PREFILL_KERNEL = "triton_w4a16"
 
 
@@ -229,7 +232,7 @@ def decide(group: TensorGroup, source: Scheme, requested: Scheme, *, family: str
     if not group.is_matrix:
         return Decision(stored, stored, "-", None)
     converter = converter_for(source, stored, group.name)
-    if converter == "bf16_to_nvfp4" and group.role == "routed_experts" and group.name.endswith(_GATE_UP_SUFFIXES):
+    if converter == "bf16_to_nvfp4" and group.role == "routed_experts" and is_gate_or_up(group.name, family):
         # Fused gate_up kernels read one global scale for gate and up (vLLM keeps gate's and
         # warns otherwise): quantize the pair together under max(gs_gate, gs_up).
         converter = "w13_shared_global_scale"

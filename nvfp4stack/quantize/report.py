@@ -13,7 +13,7 @@ from nvfp4stack.formats.fp8_block import dequantize_fp8_block
 from nvfp4stack.formats.mxfp4 import as_ue8m0_bytes, dequantize_mxfp4
 from nvfp4stack.formats.nvfp4 import dequantize_nvfp4
 from nvfp4stack.io_atomic import atomic_write_text
-from nvfp4stack.plan.roles import role_of
+from nvfp4stack.plan.roles import is_mtp, role_of
 
 
 def stored_format(reader: ShardedReader, weight_name: str) -> str:
@@ -43,13 +43,17 @@ def dequantize_group(reader: ShardedReader, weight_name: str) -> torch.Tensor:
     return w.float()
 
 
-def _group_key(name: str, family: str | None = None) -> str:
+def _group_key(name: str, family: str | None = None, num_hidden_layers: int | None = None) -> str:
+    """The report group of one tensor: its role, under ``mtp.`` for the multi-token-prediction block
+    (``plan.roles.is_mtp``: the family's MTP module, or decoder layers past ``num_hidden_layers``)."""
     role = role_of(name, family) or "other"
-    return f"mtp.{role}" if name.startswith("mtp.") and not role.startswith("mtp.") else role
+    return f"mtp.{role}" if is_mtp(name, num_hidden_layers, family) and not role.startswith("mtp.") else role
 
 
-def weight_errors(out: ShardedReader, reference: ShardedReader, family: str | None = None) -> dict[str, dict]:
-    """Per role group (``family``'s role names): aggregate relative Frobenius error, worst tensor, formats seen."""
+def weight_errors(out: ShardedReader, reference: ShardedReader, family: str | None = None,
+                  num_hidden_layers: int | None = None) -> dict[str, dict]:
+    """Per role group (``family``'s role names; MTP tensors apart, see ``_group_key``): aggregate
+    relative Frobenius error, worst tensor, formats seen."""
     acc: dict[str, dict] = defaultdict(lambda: {"err2": 0.0, "ref2": 0.0, "max_rel": 0.0, "worst": None,
                                                 "tensors": 0, "formats": set()})
     for name in out.names():
@@ -61,7 +65,7 @@ def weight_errors(out: ShardedReader, reference: ShardedReader, family: str | No
             raise ValueError(f"{name}: output decodes to {tuple(got.shape)}, the BF16 source has "
                              f"{tuple(ref.shape)}; the output is not the same model")
         e2, r2 = float((got - ref).pow(2).sum()), float(ref.pow(2).sum())
-        a = acc[_group_key(name, family)]
+        a = acc[_group_key(name, family, num_hidden_layers)]
         a["err2"] += e2
         a["ref2"] += r2
         a["tensors"] += 1
@@ -75,26 +79,40 @@ def weight_errors(out: ShardedReader, reference: ShardedReader, family: str | No
             for k, v in sorted(acc.items())}
 
 
-def bytes_by_group(reader: ShardedReader, family: str | None = None) -> dict[str, int]:
+def bytes_by_group(reader: ShardedReader, family: str | None = None,
+                   num_hidden_layers: int | None = None) -> dict[str, int]:
     out: dict[str, int] = defaultdict(int)
     for name, info in reader.infos.items():
-        out[_group_key(name, family)] += info.nbytes
+        out[_group_key(name, family, num_hidden_layers)] += info.nbytes
     return dict(sorted(out.items()))
+
+
+def _num_hidden_layers(ckpt: Path) -> int | None:
+    """config.json's ``num_hidden_layers`` of a checkpoint dir, None without one."""
+    try:
+        n = json.loads((ckpt / "config.json").read_text()).get("num_hidden_layers")
+    except (OSError, ValueError):
+        return None
+    return int(n) if n is not None else None
 
 
 def write_report(run_dir: str | Path, *, method: str, out_dir: str | Path, before_dir: str | Path,
                  reference_dir: str | Path | None, extra: dict | None = None, family: str | None = None) -> dict:
     """Build the report, write quantize_report.json and .md into ``run_dir``; return it. ``family``:
-    the model family whose role names group the tensors (None: any family's)."""
+    the model family whose role names group the tensors (None: any family's); the MTP layers are told
+    apart with the output's config.json ``num_hidden_layers``."""
     out, before = ShardedReader(out_dir), ShardedReader(before_dir)
+    reference = ShardedReader(reference_dir) if reference_dir else None
+    layers = _num_hidden_layers(Path(out_dir))
     report = {
         "method": method, "output": str(out_dir), "before": str(before_dir),
         "reference_bf16": str(reference_dir) if reference_dir else None,
         "bytes_before": before.total_bytes, "bytes_after": out.total_bytes,
-        "bytes_bf16_source": ShardedReader(reference_dir).total_bytes if reference_dir else None,
-        "bytes_by_group_before": bytes_by_group(before, family), "bytes_by_group_after": bytes_by_group(out, family),
-        "weight_error_vs_bf16": weight_errors(out, ShardedReader(reference_dir), family) if reference_dir else {},
-        "before_error_vs_bf16": weight_errors(before, ShardedReader(reference_dir), family) if reference_dir else {},
+        "bytes_bf16_source": reference.total_bytes if reference else None,
+        "bytes_by_group_before": bytes_by_group(before, family, layers),
+        "bytes_by_group_after": bytes_by_group(out, family, layers),
+        "weight_error_vs_bf16": weight_errors(out, reference, family, layers) if reference else {},
+        "before_error_vs_bf16": weight_errors(before, reference, family, layers) if reference else {},
         **(extra or {}),
     }
     run_dir = Path(run_dir)

@@ -154,6 +154,20 @@ def test_w13_from_nvfp4_folds_ratio(seed, make_weights):
     assert c.report["requantized_blocks"] == 0 or (q3b.scale.float() * 0.25 < 2.0**-9).any()
 
 
+def test_w13_finds_the_gate_up_pair_of_any_family(seed, make_weights):
+    from nvfp4stack.convert.w13_shared_global_scale import gate_up_parts
+
+    gen = torch.Generator().manual_seed(seed)
+    gate, up = make_weights("normal", (32, 64), gen), make_weights("normal", (32, 64), gen) * 2
+    out = conv("w13_shared_global_scale").convert({"gate_proj.weight": gate, "up_proj.weight": up},
+                                                   "model.layers.0.mlp.experts.3")
+    assert torch.equal(out["gate_proj.weight_scale_2"], out["up_proj.weight_scale_2"])
+    assert gate_up_parts({"wu.weight": up, "wg.weight": gate, "wd.weight": gate}, "e", (("wg", "wu"),)) == ("wg", "wu")
+    with pytest.raises(KeyError, match=r"e: w13_shared_global_scale needs both projections of one \(gate, up\) "
+                                       r"pair \(e\.w1 and e\.w3 or .*found \['w1'\].*gate_up_pairs"):
+        gate_up_parts({"w1.weight": gate}, "e")
+
+
 def test_compressor_fuse_layout(seed):
     gen = torch.Generator().manual_seed(seed)
     wkv, wgate = torch.randn(256, 64, generator=gen).bfloat16(), torch.randn(256, 64, generator=gen).bfloat16()

@@ -39,6 +39,21 @@ def test_w1_w3_from_bf16_share_one_global_scale():
     assert _decide(EXPERT, Scheme.BF16, Scheme.NVFP4, "cpu").converter == "bf16_to_nvfp4"
 
 
+def test_gate_up_names_are_the_familys(monkeypatch):
+    from tests.support.toy_family import register_toy_family
+
+    gate = TensorGroup("model.layers.0.mlp.experts.3.gate_proj", (64, 128), "routed_experts")
+    up = TensorGroup("model.layers.0.mlp.experts.3.up_proj", (64, 128), "routed_experts")
+    for g in (gate, up):
+        assert _decide(g, Scheme.BF16, Scheme.NVFP4, "cpu", family="qwen3_moe").converter == "w13_shared_global_scale"
+        # DeepSeek-V4's experts are w1/w3: a gate_proj name is no pair of that family
+        assert _decide(g, Scheme.BF16, Scheme.NVFP4, "cpu").converter == "bf16_to_nvfp4"
+    register_toy_family(monkeypatch, gate_up_pairs=(("wg", "wu"),))
+    toy = TensorGroup("layers.0.ffn.experts.3.wu", (64, 128), "routed_experts")
+    assert _decide(toy, Scheme.BF16, Scheme.NVFP4, "cpu", family="toy").converter == "w13_shared_global_scale"
+    assert _decide(EXPERT_W1, Scheme.BF16, Scheme.NVFP4, "cpu", family="toy").converter == "bf16_to_nvfp4"
+
+
 def test_mtp_experts_take_their_own_backend_key():
     d = _decide(MTP_EXPERT, Scheme.MXFP4, Scheme.PASSTHROUGH, "sm90", mtp_moe="marlin", moe="triton_w4a16")
     assert (d.stored, d.kernel) == (Scheme.MXFP4, "marlin")

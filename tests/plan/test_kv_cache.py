@@ -12,8 +12,7 @@ import torch
 
 from nvfp4stack.models.resolve import DESCRIPTORS
 from nvfp4stack.models.deepseek_v4.kv_cache import DSV4_FP8_DS_MLA_BYTES, dsv4_cache_lines, resolve_kv_dtype
-from nvfp4stack.plan.kv_cache import (format_kv_report,
-                                      kv_cache_report)
+from nvfp4stack.plan.kv_cache import format_kv_report, kv_cache_report, model_dtype
 
 VLLM = Path(torch.__file__).parent.parent / "vllm"
 PRO = json.loads((DESCRIPTORS / "dsv4_pro.json").read_text())
@@ -105,3 +104,62 @@ def test_pro_b200_fits_and_bf16_halves_it():
 def test_bad_kv_dtype_names_the_key():
     with pytest.raises(ValueError, match="engine.kv_cache_dtype"):
         resolve_kv_dtype("fp8_e5m2")
+
+
+def test_mtp_layers_cached_are_the_familys_count(monkeypatch):
+    from nvfp4stack.plan.kv_cache import CacheLine
+    from tests.support.toy_family import register_toy_family
+
+    seen = []
+
+    def kv_cache(self, hf, kv_dtype, block_size, mtp_layers, tp=1, model_dtype=None):
+        seen.append(mtp_layers)
+        return "bfloat16", [CacheLine("kv", 1 + mtp_layers, 4096, 16, bytes_per_token=256.0 * (1 + mtp_layers))]
+
+    toy = register_toy_family(monkeypatch, mtp_layers=lambda self, hf: hf["draft_layers"], kv_cache=kv_cache)
+    hf = {"draft_layers": 3, "num_nextn_predict_layers": 7}   # DeepSeek's key means nothing to this family
+    r = kv_cache_report(hf, _engine(), SimpleNamespace(gpu_memory_gb=0.0), 0.0, family=toy)
+    assert seen == [3] and r["mtp_layers_cached"] == 3 and r["bytes_per_token"] == 1024.0
+    off = kv_cache_report(hf, _engine(speculative=SimpleNamespace(method=None)), SimpleNamespace(gpu_memory_gb=0.0),
+                          0.0, family=toy)
+    assert seen == [3, 0] and off["mtp_layers_cached"] == 0
+    assert kv_cache_report(PRO, _engine(), SimpleNamespace(gpu_memory_gb=0.0), 0.0)["mtp_layers_cached"] == \
+        PRO["num_nextn_predict_layers"]
+
+
+@pytest.mark.parametrize("engine_dtype,hf,want", [
+    ("float32", {"torch_dtype": "bfloat16"}, "float32"),     # engine.dtype wins over config.json
+    ("float16", {}, "float16"),
+    ("auto", {"torch_dtype": "float16"}, "float16"),          # auto: config.json's dtype ...
+    ("auto", {"dtype": "bfloat16"}, "bfloat16"),              # (transformers 5 writes 'dtype')
+    ("auto", {"torch_dtype": "float32"}, "bfloat16"),         # ... a float32 model downcast, as vLLM does
+    ("auto", {}, "bfloat16"),
+    (None, {"torch_dtype": "float16"}, "float16"),
+])
+def test_model_dtype_is_what_vllm_runs(engine_dtype, hf, want):
+    assert model_dtype(engine_dtype, hf) == want
+
+
+def test_auto_kv_cache_follows_engine_dtype():
+    """kv_cache_dtype=auto caches the dtype the engine runs the model in (vLLM: model_config.dtype), not
+    config.json's when engine.dtype says otherwise; DeepSeek-V4 stores fp8_ds_mla for auto whatever it is."""
+    from nvfp4stack.models.qwen3_moe.spec import _head_dim
+
+    hf = json.loads((Path(__file__).resolve().parents[2] / "nvfp4stack/models/qwen3_moe/descriptors/"
+                     "qwen3_235b_a22b.json").read_text())
+    assert hf["torch_dtype"] == "bfloat16"
+    no_gpu = SimpleNamespace(gpu_memory_gb=0.0)
+    per_elem = hf["num_hidden_layers"] * 2 * hf["num_key_value_heads"] * _head_dim(hf)
+
+    def report(**kw):
+        engine = _engine(**{"kv_cache_dtype": "auto", "speculative": None, "tp": 1, **kw})
+        return kv_cache_report(hf, engine, no_gpu, 0.0)
+
+    fp32 = report(dtype="float32")
+    assert (fp32["stored_as"], fp32["model_dtype"], fp32["bytes_per_token"]) == ("float32", "float32", 4 * per_elem)
+    assert "auto -> stored as float32" in format_kv_report(fp32)
+    assert (report(dtype="auto")["stored_as"], report(dtype="auto")["bytes_per_token"]) == ("bfloat16", 2 * per_elem)
+    assert report(dtype="float32", kv_cache_dtype="fp8")["stored_as"] == "fp8"   # an explicit kv dtype stays
+    v4 = kv_cache_report(PRO, _engine(kv_cache_dtype="auto", dtype="float32"), no_gpu, 0.0)
+    assert v4["stored_as"] == "fp8_ds_mla" and v4["bytes_per_token"] == kv_cache_report(
+        PRO, _engine(kv_cache_dtype="auto"), no_gpu, 0.0)["bytes_per_token"]

@@ -90,3 +90,17 @@ def test_quantize_on_the_full_size_recipes_takes_the_family_path(recipe):
     default, DeepSeek-V4's layout): the recipes say so, as the tiny one does."""
     cfg = compose_config(f"recipe={recipe}", "run_dir=/tmp/unused")
     assert (cfg.quantize.method, cfg.quantize.export_format) == ("modelopt", "hf_unified")
+
+
+def test_tiny_recipe_kv_cache_is_the_served_float32(tmp_path):
+    """tiny_qwen3_moe serves engine.dtype=float32 with kv_cache_dtype=auto: its KV cache is float32
+    (config.json says bfloat16; vLLM caches the dtype the engine runs)."""
+    from nvfp4stack.tasks.plan import run
+
+    cfg = compose_config("recipe=tiny_qwen3_moe", f"run_dir={tmp_path}")
+    assert (cfg.engine.dtype, cfg.engine.kv_cache_dtype) == ("float32", "auto")
+    assert run(cfg) == 0
+    kv = json.loads((tmp_path / "plan.json").read_text())["kv_cache"]
+    assert (kv["stored_as"], kv["model_dtype"]) == ("float32", "float32")
+    (line,) = kv["caches"]
+    assert kv["bytes_per_token"] == line["layers"] * 2 * 2 * 64 * 4      # K and V, 2 heads of 64, 4 bytes

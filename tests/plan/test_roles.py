@@ -58,6 +58,12 @@ def test_mtp_detection():
     assert not is_mtp("model.layers.60.mlp.experts", num_hidden_layers=61)
 
 
+def test_mtp_detection_by_the_named_family():
+    assert is_mtp("mtp.0.ffn.experts.1.w1.weight", 4, family="deepseek_v4")
+    assert not is_mtp("mtp.0.ffn.experts.1.w1.weight", 4, family="qwen3_moe")   # no native MTP module
+    assert is_mtp("model.layers.4.mlp.experts", 4, family="qwen3_moe")
+
+
 def test_role_tree():
     assert role_covers("attn", "attn.wo_a") and role_covers("attn.wo_a", "attn.wo_a")
     assert not role_covers("attn", "attn_sink") and not role_covers("indexer", "indexer_x")

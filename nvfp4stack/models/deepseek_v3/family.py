@@ -18,6 +18,11 @@ MLA_ATTN_PATTERNS: tuple[tuple[str, str], ...] = (
 MLA_TP_SHARDED = ("attn.wq_b", "attn.wkv_b", "attn.wo_b", "shared_experts", "embed", "head")
 
 
+def nextn_predict_layers(hf: dict) -> int:
+    """DeepSeek's MTP layer count: config.json ``num_nextn_predict_layers`` (0 when absent)."""
+    return int(hf.get("num_nextn_predict_layers") or 0)
+
+
 def _tiny(cache: Path, source_format: str, trained: bool = True) -> Path:
     from nvfp4stack.models.deepseek_v3.tiny import ensure_tiny_v3
 
@@ -44,6 +49,9 @@ class DeepseekV3Family(ModelFamily):
 
     def factories(self):
         return {"tiny_v3": _tiny, "tiny_v3_random": lambda cache, fmt: _tiny(cache, fmt, trained=False)}
+
+    def mtp_layers(self, hf: dict) -> int:
+        return nextn_predict_layers(hf)
 
     def train(self, factory: str, cache_root: Path, train_cfg) -> tuple[Path, bool]:
         from nvfp4stack.models.deepseek_v3.tiny import ensure_trained_tiny_v3

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nvfp4stack.models.deepseek_v3.family import MLA_ATTN_PATTERNS
+from nvfp4stack.models.deepseek_v3.family import MLA_ATTN_PATTERNS, nextn_predict_layers
 from nvfp4stack.models.family import ModelFamily
 
 WO_A = "attn.wo_a"
@@ -45,6 +45,10 @@ class DeepseekV4Family(ModelFamily):
     # Column/RowParallel or vocab-parallel in vLLM's DeepSeek-V4; the fused wq_a/wkv, the compressor,
     # the indexer, norms and mHC are replicated on every GPU.
     tp_sharded_roles = ("attn.wq_b", WO_A, "attn.wo_b", "shared_experts", "embed", "head")
+    # Routed experts are per-expert w1 (gate), w2 (down), w3 (up) in the native and unified layouts
+    # (transformers' own layout fuses them into one gate_up_proj, no pair to share a scale).
+    gate_up_pairs = (("w1", "w3"),)
+    mtp_module = "mtp"  # native MTP block: mtp.0.*, after the decoder layers
     # tiny_dsv4 stays random (most tests build on it); tiny_dsv4_trained is the same model trained.
     shape_twins = {"tiny_dsv4_trained": "tiny_dsv4"}
     trainable = ("tiny_dsv4", "tiny_dsv4_trained")
@@ -86,8 +90,13 @@ class DeepseekV4Family(ModelFamily):
 
         return source_scheme(group, source_format)
 
-    def kv_cache(self, hf: dict, kv_dtype: str, block_size: int | None, mtp_layers: int, tp: int = 1):
-        # one latent KV head: every TP rank holds the whole cache, whatever tp is
+    def mtp_layers(self, hf: dict) -> int:
+        return nextn_predict_layers(hf)
+
+    def kv_cache(self, hf: dict, kv_dtype: str, block_size: int | None, mtp_layers: int, tp: int = 1,
+                 model_dtype: str | None = None):
+        # one latent KV head: every TP rank holds the whole cache, whatever tp is; auto is fp8_ds_mla
+        # whatever dtype the model runs in (resolve_kv_dtype), so model_dtype changes nothing here
         from nvfp4stack.models.deepseek_v4.kv_cache import dsv4_cache_lines, resolve_kv_dtype
 
         return resolve_kv_dtype(kv_dtype), dsv4_cache_lines(hf, kv_dtype, block_size, mtp_layers)

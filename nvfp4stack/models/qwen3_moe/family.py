@@ -52,10 +52,11 @@ class Qwen3MoeFamily(ModelFamily):
             return Scheme.NVFP4
         return Scheme.BF16
 
-    def kv_cache(self, hf: dict, kv_dtype: str, block_size: int | None, mtp_layers: int, tp: int = 1):
+    def kv_cache(self, hf: dict, kv_dtype: str, block_size: int | None, mtp_layers: int, tp: int = 1,
+                 model_dtype: str | None = None):
         from nvfp4stack.models.qwen3_moe.spec import qwen3_moe_cache_lines
 
-        return qwen3_moe_cache_lines(hf, kv_dtype, block_size, tp)
+        return qwen3_moe_cache_lines(hf, kv_dtype, block_size, tp, model_dtype)
 
     # -- checkpoints, vLLM -------------------------------------------------------------------
     def served_config(self, src_config: dict, groups: list) -> dict | None:

@@ -65,7 +65,8 @@ def qwen3_moe_tensor_groups(hf: dict) -> Iterator[TensorGroup]:
 
 
 def kv_bytes_per_element(kv_dtype: str, model_dtype: str = "bfloat16") -> tuple[str, int]:
-    """(stored dtype, bytes) of one K or V element for ``--kv-cache-dtype``."""
+    """(stored dtype, bytes) of one K or V element for ``--kv-cache-dtype``; auto stores the dtype the
+    engine runs the model in, ``model_dtype``."""
     if kv_dtype in ("auto", None):
         kv_dtype = model_dtype
     if kv_dtype in ("fp8", "fp8_e4m3", "fp8_e5m2"):
@@ -84,11 +85,14 @@ def kv_heads_per_gpu(hf: dict, tp: int) -> int:
     return max(1, int(hf["num_key_value_heads"]) // max(1, tp))
 
 
-def qwen3_moe_cache_lines(hf: dict, kv_dtype: str, block_size: int | None, tp: int = 1):
-    """``(stored dtype, [CacheLine])``: one paged K and V row per token per layer (full attention)."""
+def qwen3_moe_cache_lines(hf: dict, kv_dtype: str, block_size: int | None, tp: int = 1,
+                          model_dtype: str | None = None):
+    """``(stored dtype, [CacheLine])``: one paged K and V row per token per layer (full attention);
+    ``model_dtype``: the dtype the engine runs the model in (None: ``--dtype auto``'s, from ``hf``)."""
     from nvfp4stack.plan.kv_cache import CacheLine
+    from nvfp4stack.plan.kv_cache import model_dtype as auto_dtype
 
-    stored, elem = kv_bytes_per_element(kv_dtype, str(hf.get("torch_dtype") or hf.get("dtype") or "bfloat16"))
+    stored, elem = kv_bytes_per_element(kv_dtype, model_dtype or auto_dtype("auto", hf))
     layers = int(hf["num_hidden_layers"])
     per_layer = 2 * kv_heads_per_gpu(hf, tp) * _head_dim(hf) * elem          # K and V
     block = block_size or DEFAULT_BLOCK

@@ -1,0 +1,15 @@
+"""A toy model family registered for one test: shows that the core takes a family's declarations
+(gate/up names, MTP module, MTP layer count, ...) from the family rather than knowing them."""
+from __future__ import annotations
+
+from nvfp4stack.models import registry
+from nvfp4stack.models.family import ModelFamily
+
+
+def register_toy_family(monkeypatch, name: str = "toy", **attrs) -> ModelFamily:
+    """Register a ``ModelFamily`` called ``name`` with ``attrs`` as class attributes (or methods)
+    next to the real families until the test ends; returns it."""
+    toy = type("ToyFamily", (ModelFamily,), {"name": name, **attrs})()
+    real = registry._families()
+    monkeypatch.setattr(registry, "_families", lambda: {**real, name: toy})
+    return toy

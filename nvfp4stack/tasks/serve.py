@@ -159,8 +159,8 @@ def run(cfg) -> int:
     t0 = time.monotonic()
     proc = server.launch(argv, log_path, env)
 
-    stop = threading.Event()
-    old = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    stop = StopFlag()
+    old = {s: signal.signal(s, stop.set) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         models = _wait_ready_or_stop(server, proc, base_url, engine.ready_timeout_s, log_path, stop)
         if models is None:
@@ -182,6 +182,31 @@ def run(cfg) -> int:
         for s, h in old.items():
             signal.signal(s, h)
         print("[serve] stopped" + (f"; processes still alive: {left}" if left else ""), flush=True)
+
+
+class StopFlag:
+    """Set by the SIGINT/SIGTERM handler, polled by serve's loops.
+
+    Not a threading.Event: Event.set() takes the event's lock, and a signal handled while the main
+    thread holds that lock inside Event.wait() deadlocks the process (the server is then never
+    stopped). Setting a plain attribute takes no lock.
+    """
+
+    def __init__(self) -> None:
+        self.hit = False
+
+    def set(self, *_signal_args) -> None:
+        self.hit = True
+
+    def is_set(self) -> bool:
+        return self.hit
+
+    def wait(self, timeout: float) -> bool:
+        """Sleep until set or ``timeout`` seconds have passed; whether it is set."""
+        end = time.monotonic() + timeout
+        while not self.hit and time.monotonic() < end:
+            time.sleep(min(0.05, max(0.0, end - time.monotonic())))
+        return self.hit
 
 
 def _wait_ready_or_stop(server, proc, base_url, timeout_s, log_path, stop):

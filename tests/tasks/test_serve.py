@@ -227,7 +227,7 @@ def test_ctrl_c_before_serve_saw_ready_is_clean_when_the_server_answers(monkeypa
 
     release = threading.Event()
     monkeypatch.setattr(server, "wait_ready", lambda *a, **k: release.wait(30) and ["never"])
-    stop = threading.Event()
+    stop = serve.StopFlag()
     stop.set()
     try:
         monkeypatch.setattr(server, "served_models", lambda url, timeout=5.0: ["tiny-v3-nvfp4"])
@@ -236,3 +236,23 @@ def test_ctrl_c_before_serve_saw_ready_is_clean_when_the_server_answers(monkeypa
         assert serve._wait_ready_or_stop(server, None, "http://x/v1", 60, None, stop) is None
     finally:
         release.set()
+
+
+def test_stop_flag_is_set_by_a_real_signal_during_its_wait():
+    """serve's Ctrl-C flag: a signal delivered while the main thread waits on it ends the wait at once
+    (the handler sets an attribute; a threading.Event's lock could deadlock inside a handler)."""
+    from nvfp4stack.tasks.serve import StopFlag
+
+    stop = StopFlag()
+    old = signal.signal(signal.SIGALRM, stop.set)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        t0 = time.monotonic()
+        assert stop.wait(10.0) is True
+        assert time.monotonic() - t0 < 2.0
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    unset = StopFlag()
+    t0 = time.monotonic()
+    assert unset.wait(0.2) is False and 0.15 < time.monotonic() - t0 < 2.0

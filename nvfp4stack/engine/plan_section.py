@@ -169,6 +169,11 @@ def engine_plan_from_plan(plan, *, fp8_prefill: bool = False, mtp_draft: bool = 
             if _key(e) != default_key and idx is not None:
                 layers.setdefault(role, {})[idx] = e
     first = getattr(plan, "num_hidden_layers", None)
+    if mtp_draft and not mtp:
+        family = getattr(plan, "family", None) or "this model"
+        raise PlanError(f"engine.speculative.method=mtp: {family} has no multi-token-prediction layers (no "
+                        "tensor group of the checkpoint or descriptor is MTP), so vLLM's MTP draft has nothing "
+                        "to load and the engine would stop at start. Fix: engine.speculative.method=null")
     if mtp and first is None:
         raise PlanError("plan: the MTP draft has decisions but the plan does not know num_hidden_layers "
                         "(config.json), which vLLM numbers the MTP layers after. Fix: give the model's "

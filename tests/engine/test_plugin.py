@@ -130,6 +130,11 @@ def test_engine_plan_from_planner_plan_keeps_per_layer_decisions():
     with pytest.raises(PlanError, match="role 'routed_experts' has two decisions in layer 1"):
         engine_plan_from_plan(NS(groups=[g("layers.1.ffn.experts.0.w1", "torch_emulation"),
                                          g("layers.1.ffn.experts.1.w1", "marlin")]))
+    # an MTP draft asked of a model without MTP layers is refused, naming the key and the fix
+    with pytest.raises(PlanError, match=r"engine.speculative.method=mtp: qwen3_moe has no multi-token.*"
+                                        r"Fix: engine.speculative.method=null"):
+        engine_plan_from_plan(NS(groups=[g("layers.0.mlp.experts.0.gate_proj", "torch_emulation")],
+                                 family="qwen3_moe"), mtp_draft=True)
 
 
 class FakeExpertsLayer(torch.nn.Module):

@@ -177,7 +177,7 @@ def run(cfg) -> int:
             raise ValueError("quantize.source: export_format=hf_unified calibrates the BF16 model; set it")
         extra["calibration"] = _export_hf_unified(source, out, q)
         write_report(run_dir, method="modelopt/hf_unified", out_dir=out, before_dir=source,
-                     reference_dir=source, extra=extra)
+                     reference_dir=source, extra=extra, family=cfg.model.family)
         print(f"quantize: wrote {out} (modelopt unified HF export)")
         return 0
 
@@ -218,7 +218,7 @@ def run(cfg) -> int:
     export_dsv4(base_dir, out, make, quantize_mtp=q.mtp == "nvfp4")
     extra["export_stats"] = dict(make.stats)
     report = write_report(run_dir, method=q.method, out_dir=out, before_dir=base_dir,
-                          reference_dir=source, extra=extra)
+                          reference_dir=source, extra=extra, family=cfg.model.family)
     rel = report["weight_error_vs_bf16"].get("routed_experts", {}).get("rel_error")
     only = " (W4A16-only: placeholder input_scale)" if extra.get("activations") == "w4a16_only" else ""
     print(f"quantize: wrote {out}{only}; routed-expert rel error vs BF16 = {rel}; "

@@ -95,22 +95,24 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 # Roles every family shares; families add theirs (attn_roles, extra_roles, non_matrix_roles).
-# Dotted roles form a tree: a rule naming 'attn' covers every 'attn.*' role.
+# Dotted roles form a tree: a rule naming 'attn' covers every 'attn.*' role. 'mtp.proj' (the MTP
+# block's input projections) has no generic name: each family with MTP maps its own names to it.
 GENERIC_ROLES = ("routed_experts", "shared_experts", "dense_mlp", "gate", "gate.bias",
                  "embed", "head", "mtp.proj", "norms")
 # Precision keys of the generic matrix roles (precision.<role>).
 GENERIC_PRECISION_ROLES = ("routed_experts", "shared_experts", "dense_mlp", "gate", "embed", "head")
 
-# Generic name -> role patterns, tried after the family's own (first match wins).
+# Generic name -> role patterns: transformers' and vLLM's MoE layout (model.layers.N.mlp.*,
+# embed_tokens, lm_head), tried after the family's own (first match wins). A family whose names
+# differ (another module name, projection names, router bias, MTP) adds them to its role_patterns.
 GENERIC_PATTERNS: tuple[tuple[str, str], ...] = (
-    ("shared_experts", r"\.(ffn|mlp)\.shared_experts?(\.|$)"),
-    ("routed_experts", r"\.(ffn|mlp)\.experts(\.|$)"),
-    ("dense_mlp", r"\.(ffn|mlp)\.(gate_proj|up_proj|down_proj|gate_up_proj|w1|w2|w3)(\.|$)"),
-    ("gate.bias", r"\.(ffn|mlp)\.gate\.(bias|e_score_correction_bias)$"),
-    ("gate", r"\.(ffn|mlp)\.gate(\.weight|$)"),
-    ("mtp.proj", r"(^|\.)(e_proj|h_proj|eh_proj)(\.|$)"),
-    ("embed", r"(^|\.)(embed|embed_tokens)(\.weight)?$"),
-    ("head", r"(^|\.)(head|lm_head)(\.weight)?$"),
+    ("shared_experts", r"\.mlp\.shared_experts?(\.|$)"),
+    ("routed_experts", r"\.mlp\.experts(\.|$)"),
+    ("dense_mlp", r"\.mlp\.(gate_proj|up_proj|down_proj|gate_up_proj)(\.|$)"),
+    ("gate.bias", r"\.mlp\.gate\.bias$"),
+    ("gate", r"\.mlp\.gate(\.weight|$)"),
+    ("embed", r"(^|\.)embed_tokens(\.weight)?$"),
+    ("head", r"(^|\.)lm_head(\.weight)?$"),
     ("norms", r"norm(\.weight|\.bias)?$|layernorm(\.weight)?$"),
 )
 

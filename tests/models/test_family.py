@@ -1,4 +1,6 @@
 """ModelFamily's generic defaults and what the registered families declare instead."""
+import pytest
+
 from nvfp4stack.models import registry
 from nvfp4stack.models.family import ModelFamily
 from nvfp4stack.models.registry import get_family
@@ -79,3 +81,18 @@ def test_deepseek_families_map_their_own_spellings():
         assert v3.role_of(name) == role, name
     assert v4.role_of("model.layers.61.eh_proj") is None and v3.role_of("mtp.0.e_proj") is None
     assert "mtp.proj" in ModelFamily().roles   # a generic role: families map their own MTP names to it
+
+
+def test_generic_source_scheme():
+    from nvfp4stack.models.family import FamilyCapabilityError, TensorGroup
+    from nvfp4stack.schemes import Scheme
+
+    experts, attn = TensorGroup("e", (2, 2), "routed_experts"), TensorGroup("a", (2, 2), "attn.q_proj")
+    norm = TensorGroup("n", (2,), "norms", is_matrix=False)
+    for fam in (ModelFamily(), get_family("qwen3_moe"), get_family("deepseek_v3")):
+        assert fam.source_scheme(experts, "modelopt") is Scheme.NVFP4 and fam.source_scheme(attn, "modelopt") is Scheme.BF16
+        assert fam.source_scheme(experts, "bf16") is Scheme.BF16 and fam.source_scheme(norm, "modelopt") is Scheme.PASSTHROUGH
+    with pytest.raises(FamilyCapabilityError, match="model.source_format='official'"):
+        get_family("qwen3_moe").source_scheme(experts, "official")
+    v4 = get_family("deepseek_v4")
+    assert v4.source_scheme(experts, "official") is Scheme.MXFP4 and v4.source_scheme(attn, "official") is Scheme.FP8_BLOCK

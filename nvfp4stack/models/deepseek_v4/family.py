@@ -57,6 +57,8 @@ class DeepseekV4Family(ModelFamily):
     # Routed experts are per-expert w1 (gate), w2 (down), w3 (up) in the native and unified layouts
     # (transformers' own layout fuses them into one gate_up_proj, no pair to share a scale).
     gate_up_pairs = (("w1", "w3"),)
+    # 'official': DeepSeek's release layout (FP8 block attention / shared experts / MTP, MXFP4 experts).
+    source_formats = ("official",)
     mtp_module = "mtp"  # native MTP block: mtp.0.*, after the decoder layers
     # tiny_dsv4 stays random (most tests build on it); tiny_dsv4_trained is the same model trained.
     shape_twins = {"tiny_dsv4_trained": "tiny_dsv4"}

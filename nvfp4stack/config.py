@@ -18,7 +18,6 @@ from nvfp4stack.schemes import Scheme
 from nvfp4stack.train.config import TrainConfig
 
 COMMANDS = ("plan", "quantize", "convert", "serve", "eval", "bench", "doctor", "train")
-SOURCE_FORMATS = ("bf16", "official", "modelopt")
 
 
 def _check_choice(key: str, value: str, valid: tuple[str, ...] | list[str]) -> None:
@@ -39,14 +38,20 @@ class ModelConfig:
     descriptor: str | None = None
     factory: str | None = DEFAULT_MODEL["factory"]
     path: str | None = None
-    source_format: str = "bf16"   # bf16 | official (FP8 attn + MXFP4 experts) | modelopt
+    source_format: str = "bf16"   # bf16 | modelopt | one the family declares (ModelFamily.source_formats)
     served_name: str | None = None
 
     def __post_init__(self) -> None:
         from nvfp4stack.models.registry import get_family
 
-        get_family(self.family)  # the error lists the registered families
-        _check_choice("model.source_format", self.source_format, SOURCE_FORMATS)
+        family = get_family(self.family)  # the error lists the registered families
+        if self.source_format not in family.accepted_source_formats:
+            valid = family.accepted_source_formats
+            raise ValueError(
+                f"model.source_format={self.source_format!r} is not a source format of model family "
+                f"{family.name!r}: expected one of {', '.join(valid)}, found {self.source_format!r}. Fix: set "
+                f"model.source_format={valid[0]} (or another of those), or a model of a family that stores "
+                f"{self.source_format!r} (ModelFamily.source_formats in nvfp4stack/models/<family>/)")
         if not (self.descriptor or self.factory or self.path):
             raise ValueError(
                 f"model {self.name!r}: none of model.descriptor, model.factory, model.path is set; "

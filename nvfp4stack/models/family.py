@@ -46,7 +46,10 @@ Models
 
 Planning
   ``tensor_groups(hf)``  every ``TensorGroup`` from config.json alone (plans without weights), or None.
-  ``source_scheme(group, source_format)``  stored scheme of such a group (``model.source_format``).
+  ``source_formats``     the family's own ``model.source_format`` values (release layouts), accepted
+                         besides the generic ``GENERIC_SOURCE_FORMATS`` (bf16, modelopt).
+  ``source_scheme(group, source_format)``  stored scheme of such a group (``model.source_format``);
+                         the default answers the generic formats (modelopt: routed experts NVFP4).
   ``mtp_layers(hf)``     the MTP layers config.json declares (the draft vLLM builds for
                          ``engine.speculative.method=mtp``, cached next to the model's); default 0.
   ``kv_cache(hf, kv_dtype, block_size, mtp_layers, tp, model_dtype)``  ``(stored dtype, [CacheLine])``
@@ -95,24 +98,30 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 # Roles every family shares; families add theirs (attn_roles, extra_roles, non_matrix_roles).
-# Dotted roles form a tree: a rule naming 'attn' covers every 'attn.*' role.
+# Dotted roles form a tree: a rule naming 'attn' covers every 'attn.*' role. 'mtp.proj' (the MTP
+# block's input projections) has no generic name: each family with MTP maps its own names to it.
 GENERIC_ROLES = ("routed_experts", "shared_experts", "dense_mlp", "gate", "gate.bias",
                  "embed", "head", "mtp.proj", "norms")
 # Precision keys of the generic matrix roles (precision.<role>).
 GENERIC_PRECISION_ROLES = ("routed_experts", "shared_experts", "dense_mlp", "gate", "embed", "head")
 
-# Generic name -> role patterns, tried after the family's own (first match wins).
+# Generic name -> role patterns: transformers' and vLLM's MoE layout (model.layers.N.mlp.*,
+# embed_tokens, lm_head), tried after the family's own (first match wins). A family whose names
+# differ (another module name, projection names, router bias, MTP) adds them to its role_patterns.
 GENERIC_PATTERNS: tuple[tuple[str, str], ...] = (
-    ("shared_experts", r"\.(ffn|mlp)\.shared_experts?(\.|$)"),
-    ("routed_experts", r"\.(ffn|mlp)\.experts(\.|$)"),
-    ("dense_mlp", r"\.(ffn|mlp)\.(gate_proj|up_proj|down_proj|gate_up_proj|w1|w2|w3)(\.|$)"),
-    ("gate.bias", r"\.(ffn|mlp)\.gate\.(bias|e_score_correction_bias)$"),
-    ("gate", r"\.(ffn|mlp)\.gate(\.weight|$)"),
-    ("mtp.proj", r"(^|\.)(e_proj|h_proj|eh_proj)(\.|$)"),
-    ("embed", r"(^|\.)(embed|embed_tokens)(\.weight)?$"),
-    ("head", r"(^|\.)(head|lm_head)(\.weight)?$"),
+    ("shared_experts", r"\.mlp\.shared_experts?(\.|$)"),
+    ("routed_experts", r"\.mlp\.experts(\.|$)"),
+    ("dense_mlp", r"\.mlp\.(gate_proj|up_proj|down_proj|gate_up_proj)(\.|$)"),
+    ("gate.bias", r"\.mlp\.gate\.bias$"),
+    ("gate", r"\.mlp\.gate(\.weight|$)"),
+    ("embed", r"(^|\.)embed_tokens(\.weight)?$"),
+    ("head", r"(^|\.)lm_head(\.weight)?$"),
     ("norms", r"norm(\.weight|\.bias)?$|layernorm(\.weight)?$"),
 )
+
+# model.source_format values every family accepts: a BF16 checkpoint, and modelopt's NVFP4 export
+# (routed experts NVFP4). A family adds its own release layouts (ModelFamily.source_formats).
+GENERIC_SOURCE_FORMATS = ("bf16", "modelopt")
 
 # A decoder layer's number in any layout ('layers.3.', 'model.layers.3.').
 _DECODER_LAYER = re.compile(r"(^|\.)layers\.(\d+)\.")
@@ -160,6 +169,7 @@ class ModelFamily:
     unquantized_roles: tuple[str, ...] = ()
     tp_sharded_roles: tuple[str, ...] = ("shared_experts", "embed", "head")
     gate_up_pairs: tuple[tuple[str, str], ...] = (("gate_proj", "up_proj"),)
+    source_formats: tuple[str, ...] = ()
     mtp_module: str = ""
     shape_twins: dict[str, str] = {}
     trainable: tuple[str, ...] = ()
@@ -223,8 +233,24 @@ class ModelFamily:
         """Every tensor group from config.json alone (plans without weights); None: not supported."""
         return None
 
+    @property
+    def accepted_source_formats(self) -> tuple[str, ...]:
+        """The ``model.source_format`` values this family's models may have: generic, then its own."""
+        return (*GENERIC_SOURCE_FORMATS, *self.source_formats)
+
     def source_scheme(self, group: TensorGroup, source_format: str):
-        raise self._missing("source_scheme", f"model.source_format={source_format!r}", "a checkpoint with weights")
+        """Stored scheme of ``group`` in a generic source format: every matrix BF16, except the routed
+        experts of a modelopt export (NVFP4); tensors that are no GEMM weight are kept as stored."""
+        from nvfp4stack.schemes import Scheme
+
+        if source_format not in GENERIC_SOURCE_FORMATS:
+            raise self._missing(f"source_scheme for {source_format!r}", f"model.source_format={source_format!r}",
+                                f"one of {', '.join(self.accepted_source_formats)}")
+        if not group.is_matrix:
+            return Scheme.PASSTHROUGH
+        if source_format == "modelopt" and group.role == "routed_experts":
+            return Scheme.NVFP4
+        return Scheme.BF16
 
     def mtp_layers(self, hf: dict) -> int:
         """How many multi-token-prediction layers config.json ``hf`` declares; 0: the family has none."""

@@ -8,6 +8,7 @@ from dataclasses import replace
 from nvfp4stack.arch import resolve
 from nvfp4stack.engine.plan_section import engine_plan_from_plan
 from nvfp4stack.kernels.select import BackendError
+from nvfp4stack.models.family import TensorGroup
 from nvfp4stack.models.registry import get_family
 from nvfp4stack.models.resolve import config_json_path
 from nvfp4stack.plan.build import plan_for_config
@@ -65,8 +66,9 @@ def format_plan(plan: Plan) -> str:
 def expert_scheme(cfg) -> Scheme:
     """The scheme routed experts are planned to (what the MoE backend must run)."""
     s = Scheme(cfg.precision.routed_experts)
-    if s is Scheme.PASSTHROUGH:
-        return {"official": Scheme.MXFP4, "modelopt": Scheme.NVFP4}.get(cfg.model.source_format, Scheme.BF16)
+    if s is Scheme.PASSTHROUGH:  # kept as stored: the family says how its source format stores them
+        experts = TensorGroup("routed_experts", (1, 1), "routed_experts")
+        return get_family(cfg.model.family).source_scheme(experts, cfg.model.source_format)
     return s
 
 

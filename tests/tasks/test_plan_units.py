@@ -25,3 +25,18 @@ def test_tiny_plan_shows_no_zero_gigabytes(tmp_path, capsys):
     # the untouched MXFP4 MTP experts run on the CPU emulation
     mtp_row = next(line for line in out.splitlines() if line.startswith("routed_experts") and " yes " in line)
     assert "mxfp4 -> mxfp4" in mtp_row and "torch_emulation" in mtp_row
+
+
+def test_passthrough_experts_scheme_comes_from_the_family():
+    from nvfp4stack.cli import compose_config
+    from nvfp4stack.schemes import Scheme
+    from nvfp4stack.tasks.plan import expert_scheme
+
+    def scheme(*args):
+        return expert_scheme(compose_config(*args, "precision.routed_experts=passthrough", "run_dir=/tmp/unused"))
+
+    assert scheme("recipe=tiny_dsv4", "model.source_format=official") is Scheme.MXFP4   # DeepSeek-V4's release
+    assert scheme("recipe=tiny_dsv4", "model.source_format=modelopt") is Scheme.NVFP4
+    assert scheme("recipe=tiny_dsv4") is Scheme.BF16
+    assert scheme("recipe=tiny_qwen3_moe", "model.source_format=modelopt") is Scheme.NVFP4
+    assert scheme("recipe=tiny_cpu") is Scheme.BF16                                       # DeepseekV3: generic

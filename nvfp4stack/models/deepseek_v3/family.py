@@ -34,7 +34,14 @@ class DeepseekV3Family(ModelFamily):
     hf_architectures = ("DeepseekV3ForCausalLM",)
     model_types = ("deepseek_v3",)
     attn_roles = ("attn.wq_a", "attn.wq_b", "attn.wkv", "attn.wkv_b", "attn.wo_b")
-    role_patterns = MLA_ATTN_PATTERNS
+    # transformers' and vLLM's DeepseekV3 names: the noaux_tc router bias, and the MTP layers (decoder
+    # layers past num_hidden_layers) with their eh_proj and shared_head.head.
+    role_patterns = (
+        *MLA_ATTN_PATTERNS,
+        ("gate.bias", r"\.mlp\.gate\.e_score_correction_bias$"),
+        ("mtp.proj", r"(^|\.)eh_proj(\.|$)"),
+        ("head", r"\.shared_head\.head(\.weight)?$"),
+    )
     tp_sharded_roles = MLA_TP_SHARDED
     # tiny_v3 (what `serve` runs) is trained on the stdlib corpus on first use; tiny_v3_random is its
     # seeded random twin, for shapes and loaders.

@@ -30,15 +30,24 @@ class DeepseekV4Family(ModelFamily):
     extra_roles = ("compressor", "indexer.wq_b", "indexer.weights_proj")
     non_matrix_roles = ("mhc", "attn_sink")
     # Order matters: the compressor (also under the indexer) before the attention projections.
+    # Native and unified names put the MoE under 'ffn' (experts' w1/w2/w3 sit below experts. and
+    # shared_experts.), transformers' under 'mlp' (generic patterns); the router bias is 'ffn.gate.bias'
+    # natively, 'mlp.gate.e_score_correction_bias' in transformers; hash-routed layers store tid2eid.
     role_patterns = (
         ("compressor", r"\.compressor\."),
         ("indexer.wq_b", r"\.indexer\.wq_b(\.|$)"),
         ("indexer.weights_proj", r"\.indexer\.weights_proj(\.|$)"),
-        ("gate.bias", r"\.(ffn|mlp)\.gate\.tid2eid$"),
+        ("gate.bias", r"\.ffn\.gate\.(bias|tid2eid)$|\.mlp\.gate\.(tid2eid|e_score_correction_bias)$"),
+        ("shared_experts", r"\.ffn\.shared_experts(\.|$)"),
+        ("routed_experts", r"\.ffn\.experts(\.|$)"),
+        ("gate", r"\.ffn\.gate(\.weight|$)"),
         *MLA_ATTN_PATTERNS,
         (WO_A, r"\.(attn|self_attn)\.wo_a(\.|$)"),
         ("attn_sink", r"\.attn_sink$|\.sinks$"),
         ("mhc", r"(^|\.)hc_(attn|ffn|head)_(fn|base|scale)$"),
+        ("mtp.proj", r"(^|\.)(e_proj|h_proj)(\.|$)"),   # mtp.<N>.e_proj / h_proj
+        ("embed", r"(^|\.)embed(\.weight)?$"),          # native top-level names
+        ("head", r"(^|\.)head(\.weight)?$"),
     )
     # vLLM builds the compressor and the indexer's weights_proj with quant_config=None.
     unquantized_roles = ("compressor", "indexer.weights_proj")
@@ -48,6 +57,8 @@ class DeepseekV4Family(ModelFamily):
     # Routed experts are per-expert w1 (gate), w2 (down), w3 (up) in the native and unified layouts
     # (transformers' own layout fuses them into one gate_up_proj, no pair to share a scale).
     gate_up_pairs = (("w1", "w3"),)
+    # 'official': DeepSeek's release layout (FP8 block attention / shared experts / MTP, MXFP4 experts).
+    source_formats = ("official",)
     mtp_module = "mtp"  # native MTP block: mtp.0.*, after the decoder layers
     # tiny_dsv4 stays random (most tests build on it); tiny_dsv4_trained is the same model trained.
     shape_twins = {"tiny_dsv4_trained": "tiny_dsv4"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nvfp4stack.models.family import ModelFamily, TensorGroup
+from nvfp4stack.models.family import ModelFamily
 from nvfp4stack.schemes import Scheme
 
 
@@ -44,13 +44,7 @@ class Qwen3MoeFamily(ModelFamily):
 
         return list(qwen3_moe_tensor_groups(hf))
 
-    def source_scheme(self, group: TensorGroup, source_format: str) -> Scheme:
-        """bf16 and official (Qwen releases BF16): every matrix BF16; modelopt: routed experts NVFP4."""
-        if not group.is_matrix:
-            return Scheme.PASSTHROUGH
-        if source_format == "modelopt" and group.role == "routed_experts":
-            return Scheme.NVFP4
-        return Scheme.BF16
+    # source_scheme: the generic one (Qwen releases BF16; a modelopt export has NVFP4 routed experts)
 
     def kv_cache(self, hf: dict, kv_dtype: str, block_size: int | None, mtp_layers: int, tp: int = 1,
                  model_dtype: str | None = None):

@@ -212,7 +212,7 @@ def to_release(state: dict[str, torch.Tensor], cfg: dict) -> dict[str, torch.Ten
 
     out: dict[str, torch.Tensor] = {}
     for name, t in state.items():
-        role = role_of(name)
+        role = role_of(name, "deepseek_v4")
         if not name.endswith(".weight") or t.ndim != 2 or role not in RELEASE_FP8_ROLES | RELEASE_MXFP4_ROLES:
             out[name] = t
             continue

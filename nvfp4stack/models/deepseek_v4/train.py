@@ -70,7 +70,7 @@ def ensure_trained_tiny_dsv4(cache_dir: str | Path, cfg: TrainConfig, seed: int 
         for name, t in trained.items():
             if state[name].is_floating_point():
                 t = t.to(state[name].dtype)
-                state[name] = on_mxfp4_grid(t, name) if role_of(name) == "routed_experts" else t
+                state[name] = on_mxfp4_grid(t, name) if role_of(name, "deepseek_v4") == "routed_experts" else t
         config = json.loads((random_root / "bf16" / "config.json").read_text())
         write_layouts(tmp, state, config, tok_dir)
         shutil.copytree(tok_dir, tmp / "tokenizer")

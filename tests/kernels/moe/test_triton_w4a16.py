@@ -39,7 +39,8 @@ def test_registration_and_arch_verdicts():
 def test_pick_decode_tiles(monkeypatch):
     """Decode tiles (CPU: the sm90 answer with the capability query patched): below 2 rows/expert an
     L1 and an L2 tile of their own, from 2 to 6 one shared 8-token tile of 2 m-tiles x BK=256, from
-    over 6 to 16 a 16-token pair (L1 on 2 warps, L2 on 4), a 32-token one at 17-32, and none past 32
+    over 6 to 16 the 16-token wgmma ring tile (the mma.sync 16-token pair, L1 on 2 warps and L2 on 4,
+    where the ring does not divide the shape), the 32-token ring tile at 17-32, and none past 32
     rows, off sm90 or on CPU tensors; shapes that do not divide into a tile get the next that fits."""
     pytest.importorskip("triton.experimental.gluon")
     from nvfp4stack.kernels.moe.hopper_w4a16 import fused_moe as tw
@@ -55,10 +56,11 @@ def test_pick_decode_tiles(monkeypatch):
         assert t8[0] == t8[1] and (t8[0].block_t, t8[0].mrep, t8[0].block_k, t8[0].num_warps) == (8, 2, 256, 4)
         assert tw.pick_decode(6, hidden, inter, cuda) == t8
         t16 = tw.pick_decode(6.01, hidden, inter, cuda)
-        assert (t16[0].block_t, t16[1].block_t) == (16, 16) and (t16[0].num_warps, t16[1].num_warps) == (2, 4)
+        assert t16[0] == t16[1] and t16[0].wgmma == 3
+        assert (t16[0].block_t, t16[0].mrep, t16[0].block_k, t16[0].num_warps, t16[0].prefetch) == (16, 1, 128, 4, 3)
         assert tw.pick_decode(16, hidden, inter, cuda) == t16
         t32 = tw.pick_decode(17, hidden, inter, cuda)
-        assert t32[0] == t32[1] and (t32[0].block_t, t32[0].mrep, t32[0].block_k) == (32, 2, 64)
+        assert t32[0] == t32[1] and t32[0].wgmma == 3 and (t32[0].block_t, t32[0].mrep, t32[0].block_k) == (32, 1, 128)
         assert tw.pick_decode(32, hidden, inter, cuda) == t32
         assert tw.pick_decode(32.1, hidden, inter, cuda) is None
         assert tw.pick_config(32.1)[0].block_m == 64  # one 64-row Triton block from 33 rows
@@ -66,6 +68,10 @@ def test_pick_decode_tiles(monkeypatch):
     assert t8[0].block_t == 8 and all(c.block_k == 128 for c in t8)
     l1, l2 = tw.pick_decode(1, 1152, 640, cuda)  # 1152 % 256 != 0: the L1 tile does not fit
     assert l1 == l2 and l1.block_k == 128
+    # 1152 / 128 = 9 K steps: no multiple of the ring's 4 slots, so the 16-token mma.sync pair
+    m16 = tw.pick_decode(8, 1152, 1024, cuda)
+    assert not m16[0].wgmma and (m16[0].num_warps, m16[1].num_warps) == (2, 4)
+    assert not tw.pick_decode(24, 1152, 1024, cuda)[0].wgmma  # likewise the 32-token mma.sync tile
     assert tw.pick_decode(1, 2880, 2880, cuda) is None  # 2880 is no multiple of either BK (128, 256)
     assert tw.pick_decode(1, 4096, 2048, torch.device("cpu")) is None
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *_: (10, 0))

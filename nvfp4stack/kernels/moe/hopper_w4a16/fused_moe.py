@@ -72,6 +72,12 @@ class DecodeConfig:
     block_k: int
     num_warps: int = 4
     prefetch: int = 0  # 1: the next K step's weights are loaded before this step's math; 0: not
+    # 1: the wgmma kernels (_decode_wgmma.py: token tile staged in shared memory per CTA, chunks of
+    # chunk_k columns, weights prefetched ``prefetch`` K steps ahead), 2: the same with each step's
+    # wgmma left in flight while the next step dequantizes; 3: weights and token tiles through one
+    # cp.async ring, ``prefetch`` K steps in flight; 0: the mma.sync kernels (_decode_gluon.py)
+    wgmma: int = 0
+    chunk_k: int = 512
 
     @property
     def rows(self) -> int:
@@ -85,11 +91,24 @@ class DecodeConfig:
 
     def fits(self, hidden: int, inter: int) -> bool:
         return (hidden % self.block_k == 0 and inter % self.block_k == 0
-                and inter % (self.rows // 2) == 0 and hidden % self.rows == 0)
+                and inter % (self.rows // 2) == 0 and hidden % self.rows == 0
+                and (not self.wgmma or (self.chunk_steps(hidden) > 0 and self.chunk_steps(inter) > 0))
+                and (self.wgmma != 3 or (hidden // self.block_k % (self.prefetch + 1) == 0
+                                         and inter // self.block_k % (self.prefetch + 1) == 0)))
+
+    def chunk_steps(self, k: int) -> int:
+        """wgmma kernels: K steps per staged chunk for reduction dim ``k`` (the largest up to
+        chunk_k / block_k that makes the steps an even number of chunks), 0 where none does."""
+        steps = k // self.block_k
+        return next((c for c in range(max(1, self.chunk_k // self.block_k), 0, -1) if steps % (2 * c) == 0), 0)
 
     def __post_init__(self):
-        if self.prefetch not in (0, 1) or self.block_t not in (8, 16, 32) or self.block_k % 64:
-            raise ValueError(f"DecodeConfig: prefetch 0|1, block_t 8|16|32, block_k a multiple of 64; got {self}")
+        if self.prefetch not in ((1, 2, 3, 7) if self.wgmma else (0, 1)) or self.block_t not in (8, 16, 32) or self.block_k % 64:
+            raise ValueError(f"DecodeConfig: prefetch 0|1 (wgmma: 1|2 K steps ahead), block_t 8|16|32, block_k a "
+                             f"multiple of 64; got {self}")
+        if self.wgmma not in (0, 1, 2, 3) or (self.wgmma and self.num_warps % 4):
+            raise ValueError(f"DecodeConfig: wgmma 0|1|2, and wgmma tiles take whole warpgroups (num_warps 4, 8, 12, "
+                             f"16); got {self}")
 
 
 # Tile heuristics by average routed rows per expert. Decode is bound by weight bytes and by the
@@ -112,7 +131,8 @@ def pick_config(rows_per_expert: float) -> tuple[TileConfig, TileConfig]:
     return _PREFILL, _PREFILL
 
 
-# Decode (<= DECODE_MAX_ROWS_PER_EXPERT routed rows per expert) runs the Gluon mma.sync kernels
+# Decode (<= DECODE_MAX_ROWS_PER_EXPERT routed rows per expert) runs the Gluon kernels (mma.sync, and
+# from 6 rows the wgmma ring kernels)
 # on sm90 when the shape fits their tiles; figures: bench/moe_kernel_notes.md. From 17 to 32 rows
 # the 32-token tile (2 m-tiles x BK=64) takes 9-12% less time than the Triton kernels' 32-row tile
 # (H100, 2026-11-24: Flash 24/32 rows 311/321 vs 343/352 us, Pro 780/812 vs 884/901). From 33 rows
@@ -127,13 +147,23 @@ DECODE_MAX_ROWS_PER_EXPERT = 32
 # - below 2 rows: L1 8 warps x 1 m-tile x BK=256, L2 2 m-tiles x BK=128 with register prefetch;
 # - 2 to 6 rows: 8 tokens, 2 m-tiles x BK=256 x 4 warps for both: 1-12% less time than the pair above
 #   at 2-4 rows (Pro 48 experts, 4 rows: 602 vs 683 us);
-# - 6 to 16 rows: 16 tokens, L1 2 warps x 2 m-tiles x BK=128, L2 4 warps: 20-25% less time than
-#   8-token blocks at 8 rows (Pro 48 experts: 787 vs 1048 us) and 0-8% less than 4 warps at 16.
+# - 6 to 16 rows: the wgmma kernels (_decode_wgmma.py), 16 tokens, one warpgroup x 64 rows, BK=128,
+#   weights, scales and token tiles through a 4-slot cp.async ring (3 K steps in flight): on an H200
+#   (2026-11-25, cold L2, Flash 64 / Pro 48 experts, uniform and Zipf) 5-16% less time than the
+#   16-token mma.sync pair below at 8-16 rows (Flash 16 rows uniform 510 vs 588 us, Zipf 578 vs 666;
+#   Pro 8 rows uniform 726 vs 819), within -6..+6% at 6 rows. Shapes it does not divide (64-row
+#   tiles, K steps a multiple of 4) fall back to that pair: 16 tokens, L1 2 warps x 2 m-tiles x
+#   BK=128, L2 4 warps (20-25% less time than 8-token blocks at 8 rows).
 _DECODE_FEW = (DecodeConfig(block_t=8, mrep=1, block_k=256, num_warps=8, prefetch=0),
                DecodeConfig(block_t=8, mrep=2, block_k=128, num_warps=4, prefetch=1))
 _DECODE_T8 = (DecodeConfig(block_t=8, mrep=2, block_k=256, num_warps=4, prefetch=0),) * 2
+_DECODE_T16_RING = (DecodeConfig(block_t=16, mrep=1, block_k=128, num_warps=4, prefetch=3, wgmma=3),) * 2
 _DECODE_T16 = (DecodeConfig(block_t=16, mrep=2, block_k=128, num_warps=2, prefetch=0),
                DecodeConfig(block_t=16, mrep=2, block_k=128, num_warps=4, prefetch=0))
+# - 17 to 32 rows: the wgmma ring kernels with a 32-token tile: 5-20% less time than the 32-token
+#   mma.sync tile (2 m-tiles x BK=64, the fallback) on the same H200 run (Flash 64 experts, 24 rows
+#   uniform 502 vs 613 us, 32 rows Zipf 797 vs 997; Pro 48, 24 rows uniform 1043 vs 1202).
+_DECODE_T32_RING = (DecodeConfig(block_t=32, mrep=1, block_k=128, num_warps=4, prefetch=3, wgmma=3),) * 2
 _DECODE_T32 = (DecodeConfig(block_t=32, mrep=2, block_k=64, num_warps=4, prefetch=0),) * 2
 # the largest average rows per expert each 8/16-token choice takes
 DECODE_FEW_MAX_ROWS, DECODE_T8_MAX_ROWS, DECODE_T16_MAX_ROWS = 2.0, 6.0, 16.0
@@ -162,9 +192,9 @@ def decode_pair(rows_per_expert: float, hidden: int, inter: int) -> tuple[Decode
     elif rows_per_expert <= DECODE_T8_MAX_ROWS:
         order = (_DECODE_T8, _DECODE_FEW)
     elif rows_per_expert <= DECODE_T16_MAX_ROWS:
-        order = (_DECODE_T16,)
+        order = (_DECODE_T16_RING, _DECODE_T16)
     else:
-        order = (_DECODE_T32,)
+        order = (_DECODE_T32_RING, _DECODE_T32)
     pairs = [q for p in order for q in (p, (p[1], p[1]), (p[0], p[0]))]
     return next((p for p in pairs if all(c.fits(hidden, inter) for c in p)), None)
 
@@ -209,6 +239,12 @@ DECODE_CANDIDATES: tuple[tuple[DecodeConfig, DecodeConfig], ...] = tuple(
                              (32, 1, 128, 4, 0), (32, 1, 128, 8, 0), (32, 2, 64, 4, 0), (32, 2, 128, 4, 0),
                              (32, 1, 64, 8, 0), (32, 1, 128, 4, 1), (32, 1, 256, 8, 0), (32, 2, 64, 8, 0),
                              (8, 2, 256, 4, 0), (16, 2, 128, 2, 0))
+) + tuple(  # the wgmma kernels (block_t, mrep, block_k, warps; register prefetch, 512-column chunks)
+    (DecodeConfig(bt, m, bk, w, pf, wg), DecodeConfig(bt, m, bk, w, pf, wg))
+    for bt, m, bk, w, pf, wg in ((16, 1, 128, 8, 1, 1), (16, 1, 128, 4, 2, 1), (16, 1, 128, 8, 1, 2),
+                                 (16, 1, 128, 4, 1, 3), (16, 1, 128, 4, 3, 3), (16, 1, 256, 4, 1, 3),
+                                 (16, 1, 256, 4, 3, 3), (32, 1, 256, 4, 1, 3), (16, 2, 128, 4, 1, 3),
+                                 (8, 1, 256, 4, 1, 3))
 )
 # Diagnostics for --sweep --diag (WRONG numbers, never selected): same loads and MMAs, no dequant.
 DIAG = (_t(16, 64, 256, 4, 3, deq=9), _t(128, 64, 64, 4, 3, deq=9))
@@ -298,7 +334,17 @@ def nvfp4_moe_forward_triton(
     l2_args = (inter_buf, inter_buf.stride(0), *_weight_args(w2_data, w2_scale, gs2), route_w, rows, rows.stride(0),
                *ids, hidden, inter)
     has_limit = swiglu_limit is not None
+    if decode and cfg1.wgmma:
+        # cp.async stages the activations verbatim: x goes in the weights' K order (one gather), and
+        # L1 writes h in L2's
+        if not cfg2.wgmma:
+            raise ValueError(f"config: a wgmma L1 tile needs a wgmma L2 tile (h is written K-permuted), found {cfg2}")
+        x_perm = xb.index_select(1, _k_permutation(hidden, cfg1.block_k, x.device))
+        _launch_wgmma(cfg1, cfg2, (x_perm, *l1_args[1:]), l2_args, routing.max_blocks, inter, hidden, limit, has_limit)
+        return _topk_sum(rows, tokens, top_k, hidden, out_dtype)
     if decode:
+        if cfg2.wgmma:
+            raise ValueError(f"config: a wgmma L2 tile needs a wgmma L1 tile, found {cfg1}")
         _launch_decode(cfg1, cfg2, l1_args, l2_args, routing.max_blocks, inter, hidden, limit, has_limit)
         return _topk_sum(rows, tokens, top_k, hidden, out_dtype)
 
@@ -337,6 +383,36 @@ def _launch_decode(cfg1, cfg2, l1_args: tuple, l2_args: tuple, nblocks: int, int
 
     dg.l1_swiglu_decode_kernel[(inter // (cfg1.rows // 2), nblocks)](*l1_args, limit, HAS_LIMIT=has_limit, **layouts(cfg1))
     dg.l2_decode_kernel[(hidden // cfg2.rows, nblocks)](*l2_args, **layouts(cfg2))
+
+
+_K_PERMUTATIONS: dict[tuple[int, int, torch.device], torch.Tensor] = {}
+
+
+def _k_permutation(k: int, block_k: int, device: torch.device) -> torch.Tensor:
+    """Index for ``x.index_select(1, .)``: column j of the result is real column idx[j], the
+    wgmma kernels' K order (_decode_wgmma.stored_column), built once per (k, block_k, device)."""
+    key = (k, block_k, device)
+    if key not in _K_PERMUTATIONS:
+        from nvfp4stack.kernels.moe.hopper_w4a16.k_order import k_permutation
+
+        _K_PERMUTATIONS[key] = k_permutation(k, block_k).to(device)
+    return _K_PERMUTATIONS[key]
+
+
+def _launch_wgmma(cfg1, cfg2, l1_args: tuple, l2_args: tuple, nblocks: int, inter: int, hidden: int,
+                  limit: float, has_limit: bool) -> None:
+    from nvfp4stack.kernels.moe.hopper_w4a16 import _decode_wgmma as dw
+
+    def consts(c: DecodeConfig, k: int) -> dict:
+        cs = c.chunk_steps(k)
+        mma, w_bytes, w_blocks, w32, smem, copy, xc, sc = dw.wgmma_layouts(c.num_warps, c.mrep, c.block_t, c.block_k, cs)
+        return dict(MMA=mma, W_BYTES=w_bytes, W_BLOCKS=w_blocks, W32=w32, SMEM=smem, COPY=copy, XC=xc, SC=sc, ROWS=c.rows,
+                    BT=c.block_t, BK=c.block_k, CS=cs, PD=c.prefetch, WAIT1=c.wgmma == 2, RING=c.wgmma == 3,
+                    num_warps=c.num_warps)
+
+    dw.l1_swiglu_wgmma_kernel[(inter // (cfg1.rows // 2), nblocks)](
+        *l1_args, limit, HAS_LIMIT=has_limit, BKO=cfg2.block_k, **consts(cfg1, hidden))
+    dw.l2_wgmma_kernel[(hidden // cfg2.rows, nblocks)](*l2_args, **consts(cfg2, inter))
 
 
 def triton_cdiv(a: int, b: int) -> int:

@@ -1,0 +1,304 @@
+"""Gluon wgmma decode kernels of the NVFP4 W4A16 MoE: the token tile is staged once per CTA.
+
+Imported lazily, sm90 hosts only (Triton >= 3.6 with ``triton.experimental.gluon``).
+
+Why: the mma.sync kernels (_decode_gluon.py) pay per token. Every warp loads the whole token
+tile, permutes it into B fragments and issues one mma.sync per 8 tokens, so a 16-token block
+costs ~1.5x the instructions of an 8-token one (bench/moe_kernel_notes.md, seventh pass). Here
+the weights are dequantized exactly as there, straight into wgmma's A registers, and the
+tokens are wgmma's N, read by the tensor core from shared memory: nothing per token is issued
+by the warps.
+
+The token tile [BT, K] reaches shared memory by cp.async in chunks of CS K steps, two chunk
+buffers, one barrier per chunk (never per K step): while the warps compute chunk c, chunk c+1
+is in flight. cp.async copies 16 bytes verbatim, so the activations must already be in the
+weights' K order (the permutation of _decode_gluon._to_mma_k, per BK columns): L1 reads a
+permuted copy of x (``permute_k``, one gather launch), and L1 writes h permuted for L2's BK.
+
+Each CTA is NW/4 warpgroups over 16 * NW * mrep weight rows sharing the token tile; the
+weights of the next K step are loaded before this step's dequant (register prefetch).
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
+
+from nvfp4stack.kernels.moe.hopper_w4a16._decode_gluon import (
+    _TILE_UNSCALE, _bytes_of, _dequant_a, _scales, decode_layouts,
+)
+from nvfp4stack.kernels.moe.hopper_w4a16._triton_kernels import _block_expert
+
+
+def wgmma_layouts(num_warps: int, mrep: int, block_t: int, block_k: int, chunk: int):
+    """(MMA, W_BYTES, W_BLOCKS, W32, SMEM, COPY, XC, SC) for one CTA of ``num_warps`` (a multiple of 4)."""
+    assert num_warps % 4 == 0 and block_k % 64 == 0 and block_t in (8, 16, 32)
+    _, w_bytes, w_blocks, _, (w32,) = decode_layouts(num_warps, mrep, block_t, block_k, prefetch=1)
+    mma = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, block_t, 16])
+    smem = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    # the chunk [chunk * block_t, block_k] (row = step * block_t + token), 16 bytes per thread
+    rows = chunk * block_t
+    tk = min(block_k // 8, 32)
+    tr = 32 // tk
+    wr = max(1, min(num_warps, rows // tr))
+    copy = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[tr, tk],
+                            warps_per_cta=[wr, num_warps // wr], order=[1, 0])
+    # one step's token tile [block_t, block_k] (the ring variant)
+    wx = max(1, min(num_warps, block_t // tr))
+    xc = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[tr, tk],
+                          warps_per_cta=[wx, num_warps // wx], order=[1, 0])
+    # one step's scales [rows, block_k / 16] bytes, 8 per thread (cp.async takes 4, 8 or 16 bytes)
+    sv = min(block_k // 16, 8)
+    ts_k = block_k // 16 // sv
+    sc = gl.BlockedLayout(size_per_thread=[1, sv], threads_per_warp=[32 // ts_k, ts_k],
+                          warps_per_cta=[num_warps, 1], order=[1, 0])
+    return mma, w_bytes, w_blocks, w32, smem, copy, xc, sc
+
+
+@gluon.jit
+def _stored_col(k, BK: gl.constexpr):
+    """k_order.stored_column in Gluon."""
+    Q: gl.constexpr = BK // 4
+    r = k % BK
+    return (k // BK) * BK + 16 * ((r % Q) // 4) + 8 * (r % 2) + 2 * (r // Q) + (r // 2) % 2
+
+
+@gluon.jit
+def _copy_chunk(buf, x_ptrs, k0):
+    """cp.async of K columns [k0, k0 + CS*BK) of the block's token rows into buf [CS*BT, BK]
+    (``x_ptrs``: [CS*BT, BK] pointers of the chunk at k0 = 0)."""
+    async_copy.async_copy_global_to_shared(buf, x_ptrs + k0)
+    async_copy.commit_group()
+
+
+@gluon.jit
+def _chunk_ready():
+    async_copy.wait_group(0)
+    fence_async_shared()
+    gl.thread_barrier()
+
+
+@gluon.jit
+def _chunk_steps(buf, acc, w, sc, w2, sc2, w32_ptrs, s_ptrs, step0, NSTEPS,
+                 MMA: gl.constexpr, W_BYTES: gl.constexpr, W_BLOCKS: gl.constexpr,
+                 ROWS: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, CS: gl.constexpr,
+                 PD: gl.constexpr, WAIT1: gl.constexpr):
+    """CS K steps on one staged chunk. The weights of step i + PD load before step i's dequant (w/sc
+    hold step i, w2/sc2 step i + 1 where PD == 2). WAIT1: step i's wgmma stays in flight while step
+    i + 1 dequantizes (its A registers kept alive to the next wait); all done by the chunk's end."""
+    a_prev = gl.zeros([ROWS, BK], gl.bfloat16, layout=gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2))
+    for s in gl.static_range(CS):
+        nxt = gl.minimum(step0 + s + PD, NSTEPS - 1)  # the last steps reload the last one: harmless
+        w_n = gl.load(w32_ptrs + nxt * (BK // 8))
+        sc_n = gl.load(s_ptrs + nxt * (BK // 16))
+        a = _dequant_a(_bytes_of(w, W_BYTES, ROWS, BK), _scales(sc), MMA, W_BLOCKS, ROWS, BK)
+        acc = warpgroup_mma(a, buf.slice(s * BT, BT, dim=0).permute((1, 0)), acc, is_async=True)
+        if WAIT1:
+            acc, a_prev = warpgroup_mma_wait(1, deps=[acc, a_prev])
+            a_prev = a
+        else:
+            acc = warpgroup_mma_wait(0, deps=[acc])
+        if PD == 2:
+            w = w2
+            sc = sc2
+            w2 = w_n
+            sc2 = sc_n
+        else:
+            w = w_n
+            sc = sc_n
+    if WAIT1:  # the chunk's buffer is refilled after the next barrier: nothing may still read it
+        acc, a_prev = warpgroup_mma_wait(0, deps=[acc, a_prev])
+    return acc, w, sc, w2, sc2
+
+
+@gluon.jit
+def _gemm_rows_wgmma(w_row_ptr, s_row_ptr, x_row_ptr, K,
+                     MMA: gl.constexpr, W_BYTES: gl.constexpr, W_BLOCKS: gl.constexpr, W32: gl.constexpr,
+                     SMEM: gl.constexpr, COPY: gl.constexpr,
+                     ROWS: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, CS: gl.constexpr,
+                     PD: gl.constexpr, WAIT1: gl.constexpr):
+    S_L: gl.constexpr = gl.SliceLayout(2, W_BLOCKS)
+    w32_row = gl.convert_layout(w_row_ptr, gl.SliceLayout(1, W32)).to(gl.pointer_type(gl.int32), bitcast=True)
+    w32_ptrs = gl.expand_dims(w32_row, 1) + gl.expand_dims(gl.arange(0, BK // 8, layout=gl.SliceLayout(0, W32)), 0)
+    s_ptrs = gl.expand_dims(s_row_ptr, 1) + gl.expand_dims(gl.arange(0, BK // 16, layout=gl.SliceLayout(0, S_L)), 0)
+
+    # chunk row r = step * BT + token: x_row_ptr [CS*BT] (SliceLayout(1, COPY)) holds token r % BT's
+    # row pointer plus (r // BT) * BK
+    x_ptrs = gl.expand_dims(x_row_ptr, 1) + gl.expand_dims(gl.arange(0, BK, layout=gl.SliceLayout(0, COPY)), 0)
+    buf_a = gl.allocate_shared_memory(gl.bfloat16, [CS * BT, BK], SMEM)
+    buf_b = gl.allocate_shared_memory(gl.bfloat16, [CS * BT, BK], SMEM)
+    _copy_chunk(buf_a, x_ptrs, 0)
+    NSTEPS = K // BK
+    w = gl.load(w32_ptrs)
+    sc = gl.load(s_ptrs)
+    if PD == 2:
+        w2 = gl.load(w32_ptrs + BK // 8)
+        sc2 = gl.load(s_ptrs + BK // 16)
+    else:
+        w2 = w
+        sc2 = sc
+    acc = gl.zeros([ROWS, BT], gl.float32, layout=MMA)
+    for c0 in range(0, NSTEPS, 2 * CS):  # NSTEPS is a multiple of 2*CS (DecodeConfig.fits)
+        _chunk_ready()  # chunk c0 in buf_a; every warp is done with buf_b
+        _copy_chunk(buf_b, x_ptrs, (c0 + CS) * BK)
+        acc, w, sc, w2, sc2 = _chunk_steps(buf_a, acc, w, sc, w2, sc2, w32_ptrs, s_ptrs, c0, NSTEPS,
+                                           MMA, W_BYTES, W_BLOCKS, ROWS, BT, BK, CS, PD, WAIT1)
+        _chunk_ready()  # chunk c0 + CS in buf_b; every warp is done with buf_a
+        if c0 + 2 * CS < NSTEPS:
+            _copy_chunk(buf_a, x_ptrs, (c0 + 2 * CS) * BK)
+        acc, w, sc, w2, sc2 = _chunk_steps(buf_b, acc, w, sc, w2, sc2, w32_ptrs, s_ptrs, c0 + CS, NSTEPS,
+                                           MMA, W_BYTES, W_BLOCKS, ROWS, BT, BK, CS, PD, WAIT1)
+    return acc
+
+
+@gluon.jit
+def _ring_issue(step, NSTEPS, w_slot, s_slot, x_slot, w32_ptrs, sc_ptrs, x_step_ptrs, BK: gl.constexpr):
+    """One cp.async group: K step ``step``'s weight words, scales and token tile into one ring slot
+    (an empty group past the last step, so that the group count stays uniform)."""
+    if step < NSTEPS:
+        async_copy.async_copy_global_to_shared(w_slot, w32_ptrs + step * (BK // 8))
+        async_copy.async_copy_global_to_shared(s_slot, sc_ptrs + step * (BK // 16))
+        async_copy.async_copy_global_to_shared(x_slot, x_step_ptrs + step * BK)
+    async_copy.commit_group()
+
+
+@gluon.jit
+def _gemm_rows_ring(w_row_ptr, s_row_ptr, x_step_ptrs, K,
+                    MMA: gl.constexpr, W_BYTES: gl.constexpr, W_BLOCKS: gl.constexpr, W32: gl.constexpr,
+                    SMEM: gl.constexpr, SC: gl.constexpr,
+                    ROWS: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, D: gl.constexpr):
+    """Weights, scales and token tiles through one cp.async ring of S = D + 1 slots, D K steps in
+    flight, nothing loaded into registers from global memory inside the loop (the proxy fence of
+    every step would wait for such loads). The loop is unrolled by S so that every slot index is
+    static: the compiler then sees that the slot being filled is not the one being read and adds
+    no barrier of its own; one barrier per step remains. NSTEPS must be a multiple of S."""
+    S: gl.constexpr = D + 1
+    S_L: gl.constexpr = gl.SliceLayout(2, W_BLOCKS)
+    w32_row = gl.convert_layout(w_row_ptr, gl.SliceLayout(1, W32)).to(gl.pointer_type(gl.int32), bitcast=True)
+    w32_ptrs = gl.expand_dims(w32_row, 1) + gl.expand_dims(gl.arange(0, BK // 8, layout=gl.SliceLayout(0, W32)), 0)
+    sc_row = gl.convert_layout(s_row_ptr, gl.SliceLayout(1, SC))
+    sc_ptrs = gl.expand_dims(sc_row, 1) + gl.expand_dims(gl.arange(0, BK // 16, layout=gl.SliceLayout(0, SC)), 0)
+    plain: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+    w_ring = gl.allocate_shared_memory(gl.int32, [S, ROWS, BK // 8], plain)
+    s_ring = gl.allocate_shared_memory(gl.uint8, [S, ROWS, BK // 16], plain)
+    x_ring = gl.allocate_shared_memory(gl.bfloat16, [S, BT, BK], SMEM)
+    NSTEPS = K // BK
+    for j in gl.static_range(D):
+        _ring_issue(j, NSTEPS, w_ring.index(j), s_ring.index(j), x_ring.index(j), w32_ptrs, sc_ptrs, x_step_ptrs, BK)
+    acc = gl.zeros([ROWS, BT], gl.float32, layout=MMA)
+    for i0 in range(0, NSTEPS, S):
+        for s in gl.static_range(S):
+            async_copy.wait_group(D - 1)  # step i0 + s has landed
+            fence_async_shared()
+            gl.thread_barrier()  # ... for every thread, and every warp is done with the previous step's slot
+            _ring_issue(i0 + s + D, NSTEPS, w_ring.index((s + D) % S), s_ring.index((s + D) % S),
+                        x_ring.index((s + D) % S), w32_ptrs, sc_ptrs, x_step_ptrs, BK)
+            w = w_ring.index(s).load(W32)
+            sc = s_ring.index(s).load(S_L)
+            a = _dequant_a(_bytes_of(w, W_BYTES, ROWS, BK), _scales(sc), MMA, W_BLOCKS, ROWS, BK)
+            acc = warpgroup_mma(a, x_ring.index(s).permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma_wait(0, deps=[acc])
+    async_copy.wait_group(0)
+    return acc
+
+
+@gluon.jit(do_not_specialize=["num_slots"])
+def l1_swiglu_wgmma_kernel(
+    # the operands of _decode_gluon.l1_swiglu_decode_kernel; x is K-permuted for BK, h is written
+    # K-permuted for BKO (the L2 kernel's block_k)
+    x_ptr, stride_xm, w_ptr, stride_we, stride_wn, s_ptr, stride_se, stride_sn, gs_ptr, out_ptr, stride_om,
+    sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots, top_k, I, H, limit,
+    HAS_LIMIT: gl.constexpr,
+    MMA: gl.constexpr, W_BYTES: gl.constexpr, W_BLOCKS: gl.constexpr, W32: gl.constexpr,
+    SMEM: gl.constexpr, COPY: gl.constexpr,
+    ROWS: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, CS: gl.constexpr, BKO: gl.constexpr,
+    PD: gl.constexpr, WAIT1: gl.constexpr, RING: gl.constexpr, XC: gl.constexpr, SC: gl.constexpr,
+):
+    pid_n, pid_m = gl.program_id(0), gl.program_id(1)
+    expert = _block_expert(expert_ids_ptr, num_padded_ptr, pid_m, BT)
+    if expert < 0:
+        return
+    HALF: gl.constexpr = ROWS // 2
+    n0 = pid_n * HALF
+
+    # token rows (padding slots read token 0: their outputs are never combined)
+    r = gl.arange(0, CS * BT, layout=gl.SliceLayout(1, COPY))
+    slot = gl.load(sorted_ids_ptr + pid_m * BT + r % BT)
+    tok = gl.where(slot < num_slots, slot // top_k, 0).to(gl.int64)
+    x_row = x_ptr + tok * stride_xm + (r // BT) * BK
+
+    S_L: gl.constexpr = gl.SliceLayout(2, W_BLOCKS)
+    r_w = gl.arange(0, ROWS, layout=gl.SliceLayout(1, W_BYTES))
+    r_s = gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_L))
+    wrow_w = n0 + (r_w // 16) * 8 + r_w % 8 + ((r_w // 8) % 2) * I
+    wrow_s = n0 + (r_s // 16) * 8 + r_s % 8 + ((r_s // 8) % 2) * I
+    w_row = w_ptr + expert * stride_we + wrow_w.to(gl.int64) * stride_wn
+    s_row = s_ptr + expert * stride_se + wrow_s.to(gl.int64) * stride_sn
+
+    if RING:
+        t = gl.arange(0, BT, layout=gl.SliceLayout(1, XC))
+        slot_r = gl.load(sorted_ids_ptr + pid_m * BT + t)
+        tok_r = gl.where(slot_r < num_slots, slot_r // top_k, 0).to(gl.int64)
+        x_step = gl.expand_dims(x_ptr + tok_r * stride_xm, 1) + gl.expand_dims(gl.arange(0, BK, layout=gl.SliceLayout(0, XC)), 0)
+        acc = _gemm_rows_ring(w_row, s_row, x_step, H, MMA, W_BYTES, W_BLOCKS, W32, SMEM, SC, ROWS, BT, BK, PD)
+    else:
+        acc = _gemm_rows_wgmma(w_row, s_row, x_row, H, MMA, W_BYTES, W_BLOCKS, W32, SMEM, COPY, ROWS, BT, BK, CS, PD, WAIT1)
+
+    gs = gl.load(gs_ptr + expert) * _TILE_UNSCALE
+    acc = acc * gs
+    r_o = gl.arange(0, ROWS, layout=gl.SliceLayout(1, MMA))
+    t_o = pid_m * BT + gl.arange(0, BT, layout=gl.SliceLayout(0, MMA))
+    n_o = _stored_col(n0 + (r_o // 16) * 8 + r_o % 8, BKO)
+    o_ptrs = out_ptr + gl.expand_dims(t_o.to(gl.int64) * stride_om, 0) + gl.expand_dims(n_o, 1)
+    acc4 = gl.permute(gl.reshape(acc, [ROWS // 16, 2, 8, BT]), [0, 2, 3, 1])
+    gate, up = gl.split(acc4)
+    p4 = gl.permute(gl.reshape(o_ptrs, [ROWS // 16, 2, 8, BT]), [0, 2, 3, 1])
+    p_gate, _ = gl.split(p4)
+    if HAS_LIMIT:
+        gate = gl.minimum(gate, limit)
+        up = gl.minimum(gl.maximum(up, -limit), limit)
+    h = gate / (1.0 + gl.exp(-gate)) * up
+    gl.store(p_gate, h.to(gl.bfloat16))
+
+
+@gluon.jit(do_not_specialize=["num_slots"])
+def l2_wgmma_kernel(
+    # the operands of _decode_gluon.l2_decode_kernel; a (h) is K-permuted for BK
+    a_ptr, stride_am, w_ptr, stride_we, stride_wn, s_ptr, stride_se, stride_sn, gs_ptr, topk_w_ptr,
+    out_ptr, stride_om, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots, H, I,
+    MMA: gl.constexpr, W_BYTES: gl.constexpr, W_BLOCKS: gl.constexpr, W32: gl.constexpr,
+    SMEM: gl.constexpr, COPY: gl.constexpr,
+    ROWS: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, CS: gl.constexpr,
+    PD: gl.constexpr, WAIT1: gl.constexpr, RING: gl.constexpr, XC: gl.constexpr, SC: gl.constexpr,
+):
+    pid_n, pid_m = gl.program_id(0), gl.program_id(1)
+    expert = _block_expert(expert_ids_ptr, num_padded_ptr, pid_m, BT)
+    if expert < 0:
+        return
+    n0 = pid_n * ROWS
+
+    # L1 wrote every row of this block (padding rows too)
+    r = gl.arange(0, CS * BT, layout=gl.SliceLayout(1, COPY))
+    x_row = a_ptr + (pid_m * BT + r % BT).to(gl.int64) * stride_am + (r // BT) * BK
+    S_L: gl.constexpr = gl.SliceLayout(2, W_BLOCKS)
+    r_w = n0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, W_BYTES))
+    r_s = n0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_L))
+    w_row = w_ptr + expert * stride_we + r_w.to(gl.int64) * stride_wn
+    s_row = s_ptr + expert * stride_se + r_s.to(gl.int64) * stride_sn
+    if RING:
+        t = pid_m * BT + gl.arange(0, BT, layout=gl.SliceLayout(1, XC))
+        x_step = gl.expand_dims(a_ptr + t.to(gl.int64) * stride_am, 1) + gl.expand_dims(gl.arange(0, BK, layout=gl.SliceLayout(0, XC)), 0)
+        acc = _gemm_rows_ring(w_row, s_row, x_step, I, MMA, W_BYTES, W_BLOCKS, W32, SMEM, SC, ROWS, BT, BK, PD)
+    else:
+        acc = _gemm_rows_wgmma(w_row, s_row, x_row, I, MMA, W_BYTES, W_BLOCKS, W32, SMEM, COPY, ROWS, BT, BK, CS, PD, WAIT1)
+
+    gs = gl.load(gs_ptr + expert) * _TILE_UNSCALE
+    t_o = pid_m * BT + gl.arange(0, BT, layout=gl.SliceLayout(0, MMA))
+    slot = gl.load(sorted_ids_ptr + t_o)
+    valid = slot < num_slots
+    route_w = gl.load(topk_w_ptr + slot, mask=valid, other=0.0)
+    y = acc * gs * gl.expand_dims(route_w, 0)
+    n_o = n0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, MMA))
+    o_ptrs = out_ptr + gl.expand_dims(slot.to(gl.int64) * stride_om, 0) + gl.expand_dims(n_o, 1)
+    gl.store(o_ptrs, y.to(gl.bfloat16), mask=gl.expand_dims(valid, 0))

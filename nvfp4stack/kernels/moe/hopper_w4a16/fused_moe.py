@@ -5,9 +5,10 @@ Two launches over expert-aligned token blocks (routing.py):
   L2  h @ w2[e]^T * routing weight -> rows[T*k, H]; top-k rows summed per token.
 Weights stay packed; tiles are dequantized in registers. Triton is imported only when the
 kernel runs, so CPU hosts can import this module (tile heuristics, tests, benchmarks).
-Decode loads (<= 32 routed rows per expert) on sm90 run the Gluon kernels of
-_decode_gluon.py instead (weights as the mma.sync M side, operands built in registers, no
-shared memory); routing alignment is one Triton launch (routing_triton.py) up to 8192 slots.
+Decode loads (<= 32 routed rows per expert) on sm90 run Gluon kernels instead: up to 6 rows those of
+_decode_gluon.py (weights as the mma.sync M side, operands built in registers, no shared memory),
+from over 6 the wgmma kernels of _decode_wgmma.py (weights, scales and token tiles through one
+cp.async ring); routing alignment is one Triton launch (routing_triton.py) up to 8192 slots.
 Prefill-heavy calls can instead run the FP8 tensor-core mode (fp8_prefill.py, ``mode``/``fp8_weights``).
 """
 from __future__ import annotations

@@ -183,6 +183,91 @@ def _gemm_rows(
     return acc
 
 
+@gluon.jit
+def _stored_col(k, BK: gl.constexpr):
+    """Real column k -> its position in activations stored in _to_mma_k's order per BK columns
+    (k_order.stored_column in Gluon): the wgmma kernels' L1 writes h this way for their L2."""
+    Q: gl.constexpr = BK // 4
+    r = k % BK
+    return (k // BK) * BK + 16 * ((r % Q) // 4) + 8 * (r % 2) + 2 * (r // Q) + (r // 2) % 2
+
+
+@gluon.jit
+def _block_tokens(sorted_ids_ptr, t, num_slots, top_k):
+    """Slots ``t`` of the routing blocks -> (token index, valid); padding slots give token 0."""
+    slot = gl.load(sorted_ids_ptr + t)
+    valid = slot < num_slots
+    return gl.where(valid, slot // top_k, 0).to(gl.int64), valid
+
+
+@gluon.jit
+def _l1_weight_rows(w_ptr, stride_we, stride_wn, s_ptr, stride_se, stride_sn, expert, n0, I,
+                    W_BYTES: gl.constexpr, W_BLOCKS: gl.constexpr, ROWS: gl.constexpr):
+    """Row pointers of an L1 tile: tile row r -> gate row n0 + 8*(r//16) + r%8 (r%16 < 8) or the
+    matching up row, so that each accumulator thread holds gate and up of one (n, token)."""
+    S_L: gl.constexpr = gl.SliceLayout(2, W_BLOCKS)
+    r_w = gl.arange(0, ROWS, layout=gl.SliceLayout(1, W_BYTES))
+    r_s = gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_L))
+    wrow_w = n0 + (r_w // 16) * 8 + r_w % 8 + ((r_w // 8) % 2) * I
+    wrow_s = n0 + (r_s // 16) * 8 + r_s % 8 + ((r_s // 8) % 2) * I
+    w_row = w_ptr + expert * stride_we + wrow_w.to(gl.int64) * stride_wn
+    s_row = s_ptr + expert * stride_se + wrow_s.to(gl.int64) * stride_sn
+    return w_row, s_row
+
+
+@gluon.jit
+def _l2_weight_rows(w_ptr, stride_we, stride_wn, s_ptr, stride_se, stride_sn, expert, n0,
+                    W_BYTES: gl.constexpr, W_BLOCKS: gl.constexpr, ROWS: gl.constexpr):
+    """Row pointers of an L2 tile: rows n0 .. n0 + ROWS of the expert's w2."""
+    S_L: gl.constexpr = gl.SliceLayout(2, W_BLOCKS)
+    r_w = n0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, W_BYTES))
+    r_s = n0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_L))
+    w_row = w_ptr + expert * stride_we + r_w.to(gl.int64) * stride_wn
+    s_row = s_ptr + expert * stride_se + r_s.to(gl.int64) * stride_sn
+    return w_row, s_row
+
+
+@gluon.jit
+def _l1_epilogue(acc, gs_ptr, expert, out_ptr, stride_om, n0, pid_m, limit,
+                 HAS_LIMIT: gl.constexpr, MMA: gl.constexpr, ROWS: gl.constexpr, BT: gl.constexpr,
+                 BKO: gl.constexpr):
+    """Global scale, clamped SwiGLU of the interleaved gate/up rows, h stored bf16 (columns in
+    _stored_col's order for BKO > 0, else in real order)."""
+    gs = gl.load(gs_ptr + expert) * _TILE_UNSCALE
+    acc = acc * gs
+    # output pointers in the accumulator layout, then split gate (rows r%16 < 8) from up
+    r_o = gl.arange(0, ROWS, layout=gl.SliceLayout(1, MMA))
+    t_o = pid_m * BT + gl.arange(0, BT, layout=gl.SliceLayout(0, MMA))
+    n_o = n0 + (r_o // 16) * 8 + r_o % 8
+    if BKO > 0:
+        n_o = _stored_col(n_o, BKO)
+    o_ptrs = out_ptr + gl.expand_dims(t_o.to(gl.int64) * stride_om, 0) + gl.expand_dims(n_o, 1)
+    acc4 = gl.permute(gl.reshape(acc, [ROWS // 16, 2, 8, BT]), [0, 2, 3, 1])
+    gate, up = gl.split(acc4)
+    p4 = gl.permute(gl.reshape(o_ptrs, [ROWS // 16, 2, 8, BT]), [0, 2, 3, 1])
+    p_gate, _ = gl.split(p4)
+    if HAS_LIMIT:
+        gate = gl.minimum(gate, limit)
+        up = gl.minimum(gl.maximum(up, -limit), limit)
+    h = gate / (1.0 + gl.exp(-gate)) * up
+    gl.store(p_gate, h.to(gl.bfloat16))
+
+
+@gluon.jit
+def _l2_epilogue(acc, gs_ptr, expert, topk_w_ptr, out_ptr, stride_om, sorted_ids_ptr, num_slots, n0, pid_m,
+                 MMA: gl.constexpr, ROWS: gl.constexpr, BT: gl.constexpr):
+    """Global scale times routing weight; each valid slot's row stored bf16 for the top-k sum."""
+    gs = gl.load(gs_ptr + expert) * _TILE_UNSCALE
+    t_o = pid_m * BT + gl.arange(0, BT, layout=gl.SliceLayout(0, MMA))
+    slot = gl.load(sorted_ids_ptr + t_o)
+    valid = slot < num_slots
+    route_w = gl.load(topk_w_ptr + slot, mask=valid, other=0.0)
+    y = acc * gs * gl.expand_dims(route_w, 0)
+    n_o = n0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, MMA))
+    o_ptrs = out_ptr + gl.expand_dims(slot.to(gl.int64) * stride_om, 0) + gl.expand_dims(n_o, 1)
+    gl.store(o_ptrs, y.to(gl.bfloat16), mask=gl.expand_dims(valid, 0))
+
+
 @gluon.jit(do_not_specialize=["num_slots"])
 def l1_swiglu_decode_kernel(
     # the operands of _triton_kernels.l1_swiglu_kernel (shapes there), less max_blocks
@@ -200,40 +285,15 @@ def l1_swiglu_decode_kernel(
     HALF: gl.constexpr = ROWS // 2
     n0 = pid_n * HALF
 
-    # token side
+    # token side (masked: padding slots load zeros)
     offs_t = pid_m * BT + gl.arange(0, BT, layout=gl.SliceLayout(1, X_L))
-    slot = gl.load(sorted_ids_ptr + offs_t)
-    valid = slot < num_slots
-    tok = (slot // top_k).to(gl.int64)
+    tok, valid = _block_tokens(sorted_ids_ptr, offs_t, num_slots, top_k)
     x_row = x_ptr + tok * stride_xm
 
-    # weight side: tile row r -> gate row n0 + 8*(r//16) + r%8 (r%16 < 8) or the matching up row
-    S_L: gl.constexpr = gl.SliceLayout(2, W_BLOCKS)
-    r_w = gl.arange(0, ROWS, layout=gl.SliceLayout(1, W_BYTES))
-    r_s = gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_L))
-    wrow_w = n0 + (r_w // 16) * 8 + r_w % 8 + ((r_w // 8) % 2) * I
-    wrow_s = n0 + (r_s // 16) * 8 + r_s % 8 + ((r_s // 8) % 2) * I
-    w_row = w_ptr + expert * stride_we + wrow_w.to(gl.int64) * stride_wn
-    s_row = s_ptr + expert * stride_se + wrow_s.to(gl.int64) * stride_sn
-
+    w_row, s_row = _l1_weight_rows(w_ptr, stride_we, stride_wn, s_ptr, stride_se, stride_sn, expert, n0, I,
+                                   W_BYTES, W_BLOCKS, ROWS)
     acc = _gemm_rows(w_row, s_row, x_row, valid, H, MMA, W_BYTES, W_BLOCKS, X_L, ROWS, BT, BK, PREFETCH, W32_L)
-
-    gs = gl.load(gs_ptr + expert) * _TILE_UNSCALE
-    acc = acc * gs
-    # output pointers in the accumulator layout, then split gate (rows r%16 < 8) from up
-    r_o = gl.arange(0, ROWS, layout=gl.SliceLayout(1, MMA))
-    t_o = pid_m * BT + gl.arange(0, BT, layout=gl.SliceLayout(0, MMA))
-    n_o = n0 + (r_o // 16) * 8 + r_o % 8
-    o_ptrs = out_ptr + gl.expand_dims(t_o.to(gl.int64) * stride_om, 0) + gl.expand_dims(n_o, 1)
-    acc4 = gl.permute(gl.reshape(acc, [ROWS // 16, 2, 8, BT]), [0, 2, 3, 1])
-    gate, up = gl.split(acc4)
-    p4 = gl.permute(gl.reshape(o_ptrs, [ROWS // 16, 2, 8, BT]), [0, 2, 3, 1])
-    p_gate, _ = gl.split(p4)
-    if HAS_LIMIT:
-        gate = gl.minimum(gate, limit)
-        up = gl.minimum(gl.maximum(up, -limit), limit)
-    h = gate / (1.0 + gl.exp(-gate)) * up
-    gl.store(p_gate, h.to(gl.bfloat16))
+    _l1_epilogue(acc, gs_ptr, expert, out_ptr, stride_om, n0, pid_m, limit, HAS_LIMIT, MMA, ROWS, BT, 0)
 
 
 @gluon.jit(do_not_specialize=["num_slots"])
@@ -253,19 +313,20 @@ def l2_decode_kernel(
     offs_t = pid_m * BT + gl.arange(0, BT, layout=gl.SliceLayout(1, X_L))
     # L1 wrote every row of this block (padding rows too): no token mask needed
     a_row = a_ptr + offs_t.to(gl.int64) * stride_am
-    S_L: gl.constexpr = gl.SliceLayout(2, W_BLOCKS)
-    r_w = n0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, W_BYTES))
-    r_s = n0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_L))
-    w_row = w_ptr + expert * stride_we + r_w.to(gl.int64) * stride_wn
-    s_row = s_ptr + expert * stride_se + r_s.to(gl.int64) * stride_sn
+    w_row, s_row = _l2_weight_rows(w_ptr, stride_we, stride_wn, s_ptr, stride_se, stride_sn, expert, n0,
+                                   W_BYTES, W_BLOCKS, ROWS)
     acc = _gemm_rows(w_row, s_row, a_row, offs_t >= 0, I, MMA, W_BYTES, W_BLOCKS, X_L, ROWS, BT, BK, PREFETCH, W32_L)
+    _l2_epilogue(acc, gs_ptr, expert, topk_w_ptr, out_ptr, stride_om, sorted_ids_ptr, num_slots, n0, pid_m,
+                 MMA, ROWS, BT)
 
-    gs = gl.load(gs_ptr + expert) * _TILE_UNSCALE
-    t_o = pid_m * BT + gl.arange(0, BT, layout=gl.SliceLayout(0, MMA))
-    slot = gl.load(sorted_ids_ptr + t_o)
-    valid = slot < num_slots
-    route_w = gl.load(topk_w_ptr + slot, mask=valid, other=0.0)
-    y = acc * gs * gl.expand_dims(route_w, 0)
-    n_o = n0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, MMA))
-    o_ptrs = out_ptr + gl.expand_dims(slot.to(gl.int64) * stride_om, 0) + gl.expand_dims(n_o, 1)
-    gl.store(o_ptrs, y.to(gl.bfloat16), mask=gl.expand_dims(valid, 0))
+
+def launch(cfg1, cfg2, l1_args: tuple, l2_args: tuple, nblocks: int, inter: int, hidden: int,
+           limit: float, has_limit: bool) -> None:
+    """Both GEMMs on (L1, L2) DecodeConfig tiles; args as fused_moe.nvfp4_moe_forward_triton builds them."""
+    def layouts(c) -> dict:
+        mma, w_bytes, w_blocks, x_l, extra = decode_layouts(c.num_warps, c.mrep, c.block_t, c.block_k, c.prefetch)
+        return dict(MMA=mma, W_BYTES=w_bytes, W_BLOCKS=w_blocks, X_L=x_l, ROWS=c.rows, BT=c.block_t,
+                    BK=c.block_k, PREFETCH=c.prefetch, W32_L=extra, num_warps=c.num_warps)
+
+    l1_swiglu_decode_kernel[(inter // (cfg1.rows // 2), nblocks)](*l1_args, limit, HAS_LIMIT=has_limit, **layouts(cfg1))
+    l2_decode_kernel[(hidden // cfg2.rows, nblocks)](*l2_args, **layouts(cfg2))

@@ -1,4 +1,4 @@
-"""Gluon wgmma decode kernels of the NVFP4 W4A16 MoE: the token tile is staged once per CTA.
+"""Gluon wgmma decode kernels of the NVFP4 W4A16 MoE: the token tile is wgmma's B in shared memory.
 
 Imported lazily, sm90 hosts only (Triton >= 3.6 with ``triton.experimental.gluon``).
 
@@ -7,16 +7,17 @@ tile, permutes it into B fragments and issues one mma.sync per 8 tokens, so a 16
 costs ~1.5x the instructions of an 8-token one (bench/moe_kernel_notes.md, seventh pass). Here
 the weights are dequantized exactly as there, straight into wgmma's A registers, and the
 tokens are wgmma's N, read by the tensor core from shared memory: nothing per token is issued
-by the warps.
+by the warps. Row pointers and epilogues are _decode_gluon's.
 
-The token tile [BT, K] reaches shared memory by cp.async in chunks of CS K steps, two chunk
-buffers, one barrier per chunk (never per K step): while the warps compute chunk c, chunk c+1
-is in flight. cp.async copies 16 bytes verbatim, so the activations must already be in the
-weights' K order (the permutation of _decode_gluon._to_mma_k, per BK columns): L1 reads a
-permuted copy of x (``permute_k``, one gather launch), and L1 writes h permuted for L2's BK.
+Two ways to stage the operands (bench/moe_kernel_notes.md, eighth pass):
+- RING (the tiles decode_pair picks): each K step's weight words, scales and token tile arrive by
+  cp.async in one ring of D + 1 slots, D steps in flight; one CTA is one warpgroup.
+- otherwise (sweep candidates): the token tile in chunks of CS K steps, two chunk buffers, one
+  barrier per chunk; weights register-prefetched PD steps ahead; WAIT1 keeps one wgmma in flight.
 
-Each CTA is NW/4 warpgroups over 16 * NW * mrep weight rows sharing the token tile; the
-weights of the next K step are loaded before this step's dequant (register prefetch).
+cp.async copies bytes verbatim, so the activations must already be in the weights' K order (the
+permutation of _decode_gluon._to_mma_k, per BK columns; k_order.py): L1 reads a permuted copy of
+x (one gather launch), and L1 writes h permuted for L2's BK.
 """
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
 from nvfp4stack.kernels.moe.hopper_w4a16._decode_gluon import (
-    _TILE_UNSCALE, _bytes_of, _dequant_a, _scales, decode_layouts,
+    _block_tokens, _bytes_of, _dequant_a, _l1_epilogue, _l1_weight_rows, _l2_epilogue, _l2_weight_rows, _scales,
+    decode_layouts,
 )
 from nvfp4stack.kernels.moe.hopper_w4a16._triton_kernels import _block_expert
 
@@ -54,14 +56,6 @@ def wgmma_layouts(num_warps: int, mrep: int, block_t: int, block_k: int, chunk: 
     sc = gl.BlockedLayout(size_per_thread=[1, sv], threads_per_warp=[32 // ts_k, ts_k],
                           warps_per_cta=[num_warps, 1], order=[1, 0])
     return mma, w_bytes, w_blocks, w32, smem, copy, xc, sc
-
-
-@gluon.jit
-def _stored_col(k, BK: gl.constexpr):
-    """k_order.stored_column in Gluon."""
-    Q: gl.constexpr = BK // 4
-    r = k % BK
-    return (k // BK) * BK + 16 * ((r % Q) // 4) + 8 * (r % 2) + 2 * (r // Q) + (r // 2) % 2
 
 
 @gluon.jit
@@ -222,44 +216,20 @@ def l1_swiglu_wgmma_kernel(
     HALF: gl.constexpr = ROWS // 2
     n0 = pid_n * HALF
 
+    w_row, s_row = _l1_weight_rows(w_ptr, stride_we, stride_wn, s_ptr, stride_se, stride_sn, expert, n0, I,
+                                   W_BYTES, W_BLOCKS, ROWS)
     # token rows (padding slots read token 0: their outputs are never combined)
-    r = gl.arange(0, CS * BT, layout=gl.SliceLayout(1, COPY))
-    slot = gl.load(sorted_ids_ptr + pid_m * BT + r % BT)
-    tok = gl.where(slot < num_slots, slot // top_k, 0).to(gl.int64)
-    x_row = x_ptr + tok * stride_xm + (r // BT) * BK
-
-    S_L: gl.constexpr = gl.SliceLayout(2, W_BLOCKS)
-    r_w = gl.arange(0, ROWS, layout=gl.SliceLayout(1, W_BYTES))
-    r_s = gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_L))
-    wrow_w = n0 + (r_w // 16) * 8 + r_w % 8 + ((r_w // 8) % 2) * I
-    wrow_s = n0 + (r_s // 16) * 8 + r_s % 8 + ((r_s // 8) % 2) * I
-    w_row = w_ptr + expert * stride_we + wrow_w.to(gl.int64) * stride_wn
-    s_row = s_ptr + expert * stride_se + wrow_s.to(gl.int64) * stride_sn
-
     if RING:
         t = gl.arange(0, BT, layout=gl.SliceLayout(1, XC))
-        slot_r = gl.load(sorted_ids_ptr + pid_m * BT + t)
-        tok_r = gl.where(slot_r < num_slots, slot_r // top_k, 0).to(gl.int64)
-        x_step = gl.expand_dims(x_ptr + tok_r * stride_xm, 1) + gl.expand_dims(gl.arange(0, BK, layout=gl.SliceLayout(0, XC)), 0)
+        tok, _ = _block_tokens(sorted_ids_ptr, pid_m * BT + t, num_slots, top_k)
+        x_step = gl.expand_dims(x_ptr + tok * stride_xm, 1) + gl.expand_dims(gl.arange(0, BK, layout=gl.SliceLayout(0, XC)), 0)
         acc = _gemm_rows_ring(w_row, s_row, x_step, H, MMA, W_BYTES, W_BLOCKS, W32, SMEM, SC, ROWS, BT, BK, PD)
-    else:
+    else:  # chunk row r = step * BT + token
+        r = gl.arange(0, CS * BT, layout=gl.SliceLayout(1, COPY))
+        tok, _ = _block_tokens(sorted_ids_ptr, pid_m * BT + r % BT, num_slots, top_k)
+        x_row = x_ptr + tok * stride_xm + (r // BT) * BK
         acc = _gemm_rows_wgmma(w_row, s_row, x_row, H, MMA, W_BYTES, W_BLOCKS, W32, SMEM, COPY, ROWS, BT, BK, CS, PD, WAIT1)
-
-    gs = gl.load(gs_ptr + expert) * _TILE_UNSCALE
-    acc = acc * gs
-    r_o = gl.arange(0, ROWS, layout=gl.SliceLayout(1, MMA))
-    t_o = pid_m * BT + gl.arange(0, BT, layout=gl.SliceLayout(0, MMA))
-    n_o = _stored_col(n0 + (r_o // 16) * 8 + r_o % 8, BKO)
-    o_ptrs = out_ptr + gl.expand_dims(t_o.to(gl.int64) * stride_om, 0) + gl.expand_dims(n_o, 1)
-    acc4 = gl.permute(gl.reshape(acc, [ROWS // 16, 2, 8, BT]), [0, 2, 3, 1])
-    gate, up = gl.split(acc4)
-    p4 = gl.permute(gl.reshape(o_ptrs, [ROWS // 16, 2, 8, BT]), [0, 2, 3, 1])
-    p_gate, _ = gl.split(p4)
-    if HAS_LIMIT:
-        gate = gl.minimum(gate, limit)
-        up = gl.minimum(gl.maximum(up, -limit), limit)
-    h = gate / (1.0 + gl.exp(-gate)) * up
-    gl.store(p_gate, h.to(gl.bfloat16))
+    _l1_epilogue(acc, gs_ptr, expert, out_ptr, stride_om, n0, pid_m, limit, HAS_LIMIT, MMA, ROWS, BT, BKO)
 
 
 @gluon.jit(do_not_specialize=["num_slots"])
@@ -278,27 +248,31 @@ def l2_wgmma_kernel(
         return
     n0 = pid_n * ROWS
 
+    w_row, s_row = _l2_weight_rows(w_ptr, stride_we, stride_wn, s_ptr, stride_se, stride_sn, expert, n0,
+                                   W_BYTES, W_BLOCKS, ROWS)
     # L1 wrote every row of this block (padding rows too)
-    r = gl.arange(0, CS * BT, layout=gl.SliceLayout(1, COPY))
-    x_row = a_ptr + (pid_m * BT + r % BT).to(gl.int64) * stride_am + (r // BT) * BK
-    S_L: gl.constexpr = gl.SliceLayout(2, W_BLOCKS)
-    r_w = n0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, W_BYTES))
-    r_s = n0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_L))
-    w_row = w_ptr + expert * stride_we + r_w.to(gl.int64) * stride_wn
-    s_row = s_ptr + expert * stride_se + r_s.to(gl.int64) * stride_sn
     if RING:
         t = pid_m * BT + gl.arange(0, BT, layout=gl.SliceLayout(1, XC))
         x_step = gl.expand_dims(a_ptr + t.to(gl.int64) * stride_am, 1) + gl.expand_dims(gl.arange(0, BK, layout=gl.SliceLayout(0, XC)), 0)
         acc = _gemm_rows_ring(w_row, s_row, x_step, I, MMA, W_BYTES, W_BLOCKS, W32, SMEM, SC, ROWS, BT, BK, PD)
-    else:
+    else:  # chunk row r = step * BT + token
+        r = gl.arange(0, CS * BT, layout=gl.SliceLayout(1, COPY))
+        x_row = a_ptr + (pid_m * BT + r % BT).to(gl.int64) * stride_am + (r // BT) * BK
         acc = _gemm_rows_wgmma(w_row, s_row, x_row, I, MMA, W_BYTES, W_BLOCKS, W32, SMEM, COPY, ROWS, BT, BK, CS, PD, WAIT1)
+    _l2_epilogue(acc, gs_ptr, expert, topk_w_ptr, out_ptr, stride_om, sorted_ids_ptr, num_slots, n0, pid_m,
+                 MMA, ROWS, BT)
 
-    gs = gl.load(gs_ptr + expert) * _TILE_UNSCALE
-    t_o = pid_m * BT + gl.arange(0, BT, layout=gl.SliceLayout(0, MMA))
-    slot = gl.load(sorted_ids_ptr + t_o)
-    valid = slot < num_slots
-    route_w = gl.load(topk_w_ptr + slot, mask=valid, other=0.0)
-    y = acc * gs * gl.expand_dims(route_w, 0)
-    n_o = n0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, MMA))
-    o_ptrs = out_ptr + gl.expand_dims(slot.to(gl.int64) * stride_om, 0) + gl.expand_dims(n_o, 1)
-    gl.store(o_ptrs, y.to(gl.bfloat16), mask=gl.expand_dims(valid, 0))
+
+def launch(cfg1, cfg2, l1_args: tuple, l2_args: tuple, nblocks: int, inter: int, hidden: int,
+           limit: float, has_limit: bool) -> None:
+    """Both GEMMs on (L1, L2) wgmma DecodeConfig tiles; l1_args carry x already K-permuted for cfg1."""
+    def consts(c, k: int) -> dict:
+        cs = c.chunk_steps(k)
+        mma, w_bytes, w_blocks, w32, smem, copy, xc, sc = wgmma_layouts(c.num_warps, c.mrep, c.block_t, c.block_k, cs)
+        return dict(MMA=mma, W_BYTES=w_bytes, W_BLOCKS=w_blocks, W32=w32, SMEM=smem, COPY=copy, XC=xc, SC=sc, ROWS=c.rows,
+                    BT=c.block_t, BK=c.block_k, CS=cs, PD=c.prefetch, WAIT1=c.wgmma == 2, RING=c.wgmma == 3,
+                    num_warps=c.num_warps)
+
+    l1_swiglu_wgmma_kernel[(inter // (cfg1.rows // 2), nblocks)](
+        *l1_args, limit, HAS_LIMIT=has_limit, BKO=cfg2.block_k, **consts(cfg1, hidden))
+    l2_wgmma_kernel[(hidden // cfg2.rows, nblocks)](*l2_args, **consts(cfg2, inter))

@@ -314,6 +314,9 @@ def nvfp4_moe_forward_triton(
     if cfg1.block_m != cfg2.block_m or type(cfg1) is not type(cfg2):
         raise ValueError(f"config: L1 and L2 share the routing blocks, found {cfg1} and {cfg2}")
     decode = isinstance(cfg1, DecodeConfig)
+    if decode and bool(cfg1.wgmma) != bool(cfg2.wgmma):
+        raise ValueError(f"config: wgmma and mma.sync decode tiles do not pair (the wgmma L1 writes h K-permuted for "
+                         f"a wgmma L2), found {cfg1} and {cfg2}")
     if decode and not (cfg1.fits(hidden, inter) and cfg2.fits(hidden, inter)):
         raise ValueError(f"config: decode tiles {cfg1} / {cfg2} do not divide hidden {hidden}, inter {inter}")
     # one Triton launch instead of ~20 torch kernels where the slot count is decode-sized
@@ -336,17 +339,19 @@ def nvfp4_moe_forward_triton(
                *ids, hidden, inter)
     has_limit = swiglu_limit is not None
     if decode and cfg1.wgmma:
+        from nvfp4stack.kernels.moe.hopper_w4a16 import _decode_wgmma
+        from nvfp4stack.kernels.moe.hopper_w4a16.k_order import k_permutation_on
+
         # cp.async stages the activations verbatim: x goes in the weights' K order (one gather), and
         # L1 writes h in L2's
-        if not cfg2.wgmma:
-            raise ValueError(f"config: a wgmma L1 tile needs a wgmma L2 tile (h is written K-permuted), found {cfg2}")
-        x_perm = xb.index_select(1, _k_permutation(hidden, cfg1.block_k, x.device))
-        _launch_wgmma(cfg1, cfg2, (x_perm, *l1_args[1:]), l2_args, routing.max_blocks, inter, hidden, limit, has_limit)
+        x_perm = xb.index_select(1, k_permutation_on(hidden, cfg1.block_k, x.device))
+        _decode_wgmma.launch(cfg1, cfg2, (x_perm, *l1_args[1:]), l2_args, routing.max_blocks, inter, hidden, limit,
+                             has_limit)
         return _topk_sum(rows, tokens, top_k, hidden, out_dtype)
     if decode:
-        if cfg2.wgmma:
-            raise ValueError(f"config: a wgmma L2 tile needs a wgmma L1 tile, found {cfg1}")
-        _launch_decode(cfg1, cfg2, l1_args, l2_args, routing.max_blocks, inter, hidden, limit, has_limit)
+        from nvfp4stack.kernels.moe.hopper_w4a16 import _decode_gluon
+
+        _decode_gluon.launch(cfg1, cfg2, l1_args, l2_args, routing.max_blocks, inter, hidden, limit, has_limit)
         return _topk_sum(rows, tokens, top_k, hidden, out_dtype)
 
     from nvfp4stack.kernels.moe.hopper_w4a16._triton_kernels import l1_swiglu_kernel, l2_combine_kernel
@@ -371,49 +376,6 @@ def _topk_sum(rows: torch.Tensor, tokens: int, top_k: int, hidden: int, out_dtyp
     block = 1024
     topk_sum_kernel[(tokens, triton_cdiv(hidden, block))](rows, out, hidden, TOP_K=top_k, BLOCK=block, num_warps=4)
     return out
-
-
-def _launch_decode(cfg1, cfg2, l1_args: tuple, l2_args: tuple, nblocks: int, inter: int, hidden: int,
-                   limit: float, has_limit: bool) -> None:
-    from nvfp4stack.kernels.moe.hopper_w4a16 import _decode_gluon as dg
-
-    def layouts(c: DecodeConfig) -> dict:
-        mma, w_bytes, w_blocks, x_l, extra = dg.decode_layouts(c.num_warps, c.mrep, c.block_t, c.block_k, c.prefetch)
-        return dict(MMA=mma, W_BYTES=w_bytes, W_BLOCKS=w_blocks, X_L=x_l, ROWS=c.rows, BT=c.block_t,
-                    BK=c.block_k, PREFETCH=c.prefetch, W32_L=extra, num_warps=c.num_warps)
-
-    dg.l1_swiglu_decode_kernel[(inter // (cfg1.rows // 2), nblocks)](*l1_args, limit, HAS_LIMIT=has_limit, **layouts(cfg1))
-    dg.l2_decode_kernel[(hidden // cfg2.rows, nblocks)](*l2_args, **layouts(cfg2))
-
-
-_K_PERMUTATIONS: dict[tuple[int, int, torch.device], torch.Tensor] = {}
-
-
-def _k_permutation(k: int, block_k: int, device: torch.device) -> torch.Tensor:
-    """Index for ``x.index_select(1, .)``: column j of the result is real column idx[j], the
-    wgmma kernels' K order (_decode_wgmma.stored_column), built once per (k, block_k, device)."""
-    key = (k, block_k, device)
-    if key not in _K_PERMUTATIONS:
-        from nvfp4stack.kernels.moe.hopper_w4a16.k_order import k_permutation
-
-        _K_PERMUTATIONS[key] = k_permutation(k, block_k).to(device)
-    return _K_PERMUTATIONS[key]
-
-
-def _launch_wgmma(cfg1, cfg2, l1_args: tuple, l2_args: tuple, nblocks: int, inter: int, hidden: int,
-                  limit: float, has_limit: bool) -> None:
-    from nvfp4stack.kernels.moe.hopper_w4a16 import _decode_wgmma as dw
-
-    def consts(c: DecodeConfig, k: int) -> dict:
-        cs = c.chunk_steps(k)
-        mma, w_bytes, w_blocks, w32, smem, copy, xc, sc = dw.wgmma_layouts(c.num_warps, c.mrep, c.block_t, c.block_k, cs)
-        return dict(MMA=mma, W_BYTES=w_bytes, W_BLOCKS=w_blocks, W32=w32, SMEM=smem, COPY=copy, XC=xc, SC=sc, ROWS=c.rows,
-                    BT=c.block_t, BK=c.block_k, CS=cs, PD=c.prefetch, WAIT1=c.wgmma == 2, RING=c.wgmma == 3,
-                    num_warps=c.num_warps)
-
-    dw.l1_swiglu_wgmma_kernel[(inter // (cfg1.rows // 2), nblocks)](
-        *l1_args, limit, HAS_LIMIT=has_limit, BKO=cfg2.block_k, **consts(cfg1, hidden))
-    dw.l2_wgmma_kernel[(hidden // cfg2.rows, nblocks)](*l2_args, **consts(cfg2, inter))
 
 
 def triton_cdiv(a: int, b: int) -> int:

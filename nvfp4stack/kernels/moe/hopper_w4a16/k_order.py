@@ -8,6 +8,8 @@ they read them already in that order: real column k sits at ``stored_column(k)``
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 
 
@@ -29,3 +31,10 @@ def k_permutation(k: int, block_k: int) -> torch.Tensor:
     idx = torch.empty(k, dtype=torch.int64)
     idx[stored_column(real, block_k)] = real
     return idx
+
+
+@lru_cache(maxsize=None)
+def k_permutation_on(k: int, block_k: int, device: torch.device) -> torch.Tensor:
+    """``k_permutation`` on ``device``, built once per (k, block_k, device): the first forward of a
+    launch configuration (the model-load warm-up) builds it, never a captured CUDA graph."""
+    return k_permutation(k, block_k).to(device)

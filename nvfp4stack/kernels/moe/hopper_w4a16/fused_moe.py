@@ -240,7 +240,7 @@ DECODE_CANDIDATES: tuple[tuple[DecodeConfig, DecodeConfig], ...] = tuple(
                              (32, 1, 128, 4, 0), (32, 1, 128, 8, 0), (32, 2, 64, 4, 0), (32, 2, 128, 4, 0),
                              (32, 1, 64, 8, 0), (32, 1, 128, 4, 1), (32, 1, 256, 8, 0), (32, 2, 64, 8, 0),
                              (8, 2, 256, 4, 0), (16, 2, 128, 2, 0))
-) + tuple(  # the wgmma kernels (block_t, mrep, block_k, warps; register prefetch, 512-column chunks)
+) + tuple(  # the wgmma kernels (block_t, mrep, block_k, warps, prefetch, wgmma: 1-2 staged chunks, 3 the ring)
     (DecodeConfig(bt, m, bk, w, pf, wg), DecodeConfig(bt, m, bk, w, pf, wg))
     for bt, m, bk, w, pf, wg in ((16, 1, 128, 8, 1, 1), (16, 1, 128, 4, 2, 1), (16, 1, 128, 8, 1, 2),
                                  (16, 1, 128, 4, 1, 3), (16, 1, 128, 4, 3, 3), (16, 1, 256, 4, 1, 3),

@@ -39,9 +39,9 @@ def test_registration_and_arch_verdicts():
 def test_pick_decode_tiles(monkeypatch):
     """Decode tiles (CPU: the sm90 answer with the capability query patched): below 2 rows/expert an
     L1 and an L2 tile of their own, from 2 to 6 one shared 8-token tile of 2 m-tiles x BK=256, from
-    over 6 to 16 the 16-token wgmma ring tile (the mma.sync 16-token pair, L1 on 2 warps and L2 on 4,
-    where the ring does not divide the shape), the 32-token ring tile at 17-32, and none past 32
-    rows, off sm90 or on CPU tensors; shapes that do not divide into a tile get the next that fits."""
+    over 6 to 15 the 16-token wgmma ring tile (the mma.sync 16-token pair, L1 on 2 warps and L2 on 4,
+    where the ring does not divide the shape), the 32-token ring tile over 15 to 32, and none past
+    32 rows, off sm90 or on CPU tensors; shapes that do not divide into a tile get the next that fits."""
     pytest.importorskip("triton.experimental.gluon")
     from nvfp4stack.kernels.moe.hopper_w4a16 import fused_moe as tw
 
@@ -58,10 +58,10 @@ def test_pick_decode_tiles(monkeypatch):
         t16 = tw.pick_decode(6.01, hidden, inter, cuda)
         assert t16[0] == t16[1] and t16[0].wgmma == 3
         assert (t16[0].block_t, t16[0].mrep, t16[0].block_k, t16[0].num_warps, t16[0].prefetch) == (16, 1, 128, 4, 3)
-        assert tw.pick_decode(16, hidden, inter, cuda) == t16
-        t32 = tw.pick_decode(17, hidden, inter, cuda)
+        assert tw.pick_decode(15, hidden, inter, cuda) == t16
+        t32 = tw.pick_decode(15.01, hidden, inter, cuda)
         assert t32[0] == t32[1] and t32[0].wgmma == 3 and (t32[0].block_t, t32[0].mrep, t32[0].block_k) == (32, 1, 128)
-        assert tw.pick_decode(32, hidden, inter, cuda) == t32
+        assert tw.pick_decode(16, hidden, inter, cuda) == t32 and tw.pick_decode(32, hidden, inter, cuda) == t32
         assert tw.pick_decode(32.1, hidden, inter, cuda) is None
         assert tw.pick_config(32.1)[0].block_m == 64  # one 64-row Triton block from 33 rows
     t8 = tw.pick_decode(4, 1152, 640, cuda)  # 640 % 256 != 0: an 8-token tile with BK=128
@@ -76,6 +76,22 @@ def test_pick_decode_tiles(monkeypatch):
     assert tw.pick_decode(1, 4096, 2048, torch.device("cpu")) is None
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *_: (10, 0))
     assert tw.pick_decode(1, 4096, 2048, cuda) is None
+
+
+def test_decode_config_ring_slots():
+    """The ring tiles' slot count is what their K steps must divide into; the staged-chunk tiles
+    need whole chunks, the ring none; an unknown kernel kind is refused when the tile is built."""
+    from nvfp4stack.kernels.moe.hopper_w4a16.fused_moe import DecodeConfig
+
+    ring = DecodeConfig(32, 1, 128, 4, 3, 3)
+    assert ring.ring_slots == 4 and DecodeConfig(16, 1, 128, 4, 1, 3).ring_slots == 2
+    assert DecodeConfig(16, 1, 128, 4, 1, 1).ring_slots == 0 and DecodeConfig(8, 2, 256, 4, 0).ring_slots == 0
+    assert ring.fits(4096, 2048) and ring.fits(7168, 3072)
+    assert not ring.fits(1152, 1024)  # 9 K steps: no multiple of 4 slots
+    # 3 K steps: no even number of staged chunks, but a ring of 3 slots
+    assert DecodeConfig(16, 1, 128, 4, 2, 3).fits(384, 384) and not DecodeConfig(16, 1, 128, 4, 2, 1).fits(384, 384)
+    with pytest.raises(ValueError, match="wgmma 0-3"):
+        DecodeConfig(16, 1, 128, 4, 3, 4)
 
 
 def _gen(device) -> torch.Generator:

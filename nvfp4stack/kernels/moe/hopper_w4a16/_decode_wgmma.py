@@ -147,18 +147,20 @@ def _gemm_rows_wgmma(w_row_ptr, s_row_ptr, x_row_ptr, K,
 
 
 @gluon.jit
-def _ring_issue(step, NSTEPS, w_slot, s_slot, x_slot, w32_ptrs, sc_ptrs, x_step_ptrs, BK: gl.constexpr):
+def _ring_issue(step, NSTEPS, w_slot, s_slot, x_slot, w32_ptrs, sc_ptrs, x_step_ptrs, x_mask, BK: gl.constexpr):
     """One cp.async group: K step ``step``'s weight words, scales and token tile into one ring slot
-    (an empty group past the last step, so that the group count stays uniform)."""
+    (an empty group past the last step, so that the group count stays uniform). Padding token rows
+    (x_mask false) are zero-filled, not read: a 32-token tile at 16 rows per expert is half padding,
+    and reading it cost the 32-token ring 5-15% (bench/moe_kernel_notes.md, ninth pass)."""
     if step < NSTEPS:
         async_copy.async_copy_global_to_shared(w_slot, w32_ptrs + step * (BK // 8))
         async_copy.async_copy_global_to_shared(s_slot, sc_ptrs + step * (BK // 16))
-        async_copy.async_copy_global_to_shared(x_slot, x_step_ptrs + step * BK)
+        async_copy.async_copy_global_to_shared(x_slot, x_step_ptrs + step * BK, mask=x_mask)
     async_copy.commit_group()
 
 
 @gluon.jit
-def _gemm_rows_ring(w_row_ptr, s_row_ptr, x_step_ptrs, K,
+def _gemm_rows_ring(w_row_ptr, s_row_ptr, x_step_ptrs, x_mask, K,
                     MMA: gl.constexpr, W_BYTES: gl.constexpr, W_BLOCKS: gl.constexpr, W32: gl.constexpr,
                     SMEM: gl.constexpr, SC: gl.constexpr,
                     ROWS: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, D: gl.constexpr):
@@ -179,7 +181,8 @@ def _gemm_rows_ring(w_row_ptr, s_row_ptr, x_step_ptrs, K,
     x_ring = gl.allocate_shared_memory(gl.bfloat16, [S, BT, BK], SMEM)
     NSTEPS = K // BK
     for j in gl.static_range(D):
-        _ring_issue(j, NSTEPS, w_ring.index(j), s_ring.index(j), x_ring.index(j), w32_ptrs, sc_ptrs, x_step_ptrs, BK)
+        _ring_issue(j, NSTEPS, w_ring.index(j), s_ring.index(j), x_ring.index(j), w32_ptrs, sc_ptrs, x_step_ptrs,
+                    x_mask, BK)
     acc = gl.zeros([ROWS, BT], gl.float32, layout=MMA)
     for i0 in range(0, NSTEPS, S):
         for s in gl.static_range(S):
@@ -187,7 +190,7 @@ def _gemm_rows_ring(w_row_ptr, s_row_ptr, x_step_ptrs, K,
             fence_async_shared()
             gl.thread_barrier()  # ... for every thread, and every warp is done with the previous step's slot
             _ring_issue(i0 + s + D, NSTEPS, w_ring.index((s + D) % S), s_ring.index((s + D) % S),
-                        x_ring.index((s + D) % S), w32_ptrs, sc_ptrs, x_step_ptrs, BK)
+                        x_ring.index((s + D) % S), w32_ptrs, sc_ptrs, x_step_ptrs, x_mask, BK)
             w = w_ring.index(s).load(W32)
             sc = s_ring.index(s).load(S_L)
             a = _dequant_a(_bytes_of(w, W_BYTES, ROWS, BK), _scales(sc), MMA, W_BLOCKS, ROWS, BK)
@@ -218,12 +221,14 @@ def l1_swiglu_wgmma_kernel(
 
     w_row, s_row = _l1_weight_rows(w_ptr, stride_we, stride_wn, s_ptr, stride_se, stride_sn, expert, n0, I,
                                    W_BYTES, W_BLOCKS, ROWS)
-    # token rows (padding slots read token 0: their outputs are never combined)
+    # token rows (padding slots: token 0 in the staged variants, zeros in the ring; never combined)
     if RING:
         t = gl.arange(0, BT, layout=gl.SliceLayout(1, XC))
-        tok, _ = _block_tokens(sorted_ids_ptr, pid_m * BT + t, num_slots, top_k)
-        x_step = gl.expand_dims(x_ptr + tok * stride_xm, 1) + gl.expand_dims(gl.arange(0, BK, layout=gl.SliceLayout(0, XC)), 0)
-        acc = _gemm_rows_ring(w_row, s_row, x_step, H, MMA, W_BYTES, W_BLOCKS, W32, SMEM, SC, ROWS, BT, BK, PD)
+        tok, valid = _block_tokens(sorted_ids_ptr, pid_m * BT + t, num_slots, top_k)
+        k_x = gl.expand_dims(gl.arange(0, BK, layout=gl.SliceLayout(0, XC)), 0)
+        x_step = gl.expand_dims(x_ptr + tok * stride_xm, 1) + k_x
+        x_mask = gl.expand_dims(valid, 1) & (k_x >= 0)
+        acc = _gemm_rows_ring(w_row, s_row, x_step, x_mask, H, MMA, W_BYTES, W_BLOCKS, W32, SMEM, SC, ROWS, BT, BK, PD)
     else:  # chunk row r = step * BT + token
         r = gl.arange(0, CS * BT, layout=gl.SliceLayout(1, COPY))
         tok, _ = _block_tokens(sorted_ids_ptr, pid_m * BT + r % BT, num_slots, top_k)
@@ -250,11 +255,13 @@ def l2_wgmma_kernel(
 
     w_row, s_row = _l2_weight_rows(w_ptr, stride_we, stride_wn, s_ptr, stride_se, stride_sn, expert, n0,
                                    W_BYTES, W_BLOCKS, ROWS)
-    # L1 wrote every row of this block (padding rows too)
+    # L1 wrote every row of this block (padding rows too); the ring reads only the valid ones
     if RING:
         t = pid_m * BT + gl.arange(0, BT, layout=gl.SliceLayout(1, XC))
-        x_step = gl.expand_dims(a_ptr + t.to(gl.int64) * stride_am, 1) + gl.expand_dims(gl.arange(0, BK, layout=gl.SliceLayout(0, XC)), 0)
-        acc = _gemm_rows_ring(w_row, s_row, x_step, I, MMA, W_BYTES, W_BLOCKS, W32, SMEM, SC, ROWS, BT, BK, PD)
+        k_x = gl.expand_dims(gl.arange(0, BK, layout=gl.SliceLayout(0, XC)), 0)
+        x_step = gl.expand_dims(a_ptr + t.to(gl.int64) * stride_am, 1) + k_x
+        x_mask = gl.expand_dims(gl.load(sorted_ids_ptr + t) < num_slots, 1) & (k_x >= 0)
+        acc = _gemm_rows_ring(w_row, s_row, x_step, x_mask, I, MMA, W_BYTES, W_BLOCKS, W32, SMEM, SC, ROWS, BT, BK, PD)
     else:  # chunk row r = step * BT + token
         r = gl.arange(0, CS * BT, layout=gl.SliceLayout(1, COPY))
         x_row = a_ptr + (pid_m * BT + r % BT).to(gl.int64) * stride_am + (r // BT) * BK

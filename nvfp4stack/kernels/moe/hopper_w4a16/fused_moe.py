@@ -93,9 +93,14 @@ class DecodeConfig:
     def fits(self, hidden: int, inter: int) -> bool:
         return (hidden % self.block_k == 0 and inter % self.block_k == 0
                 and inter % (self.rows // 2) == 0 and hidden % self.rows == 0
-                and (not self.wgmma or (self.chunk_steps(hidden) > 0 and self.chunk_steps(inter) > 0))
-                and (self.wgmma != 3 or (hidden // self.block_k % (self.prefetch + 1) == 0
-                                         and inter // self.block_k % (self.prefetch + 1) == 0)))
+                and (self.wgmma not in (1, 2) or (self.chunk_steps(hidden) > 0 and self.chunk_steps(inter) > 0))
+                and (not self.ring_slots or (hidden // self.block_k % self.ring_slots == 0
+                                             and inter // self.block_k % self.ring_slots == 0)))
+
+    @property
+    def ring_slots(self) -> int:
+        """Slots of the cp.async ring (wgmma 3; the K steps must be a multiple), 0 for the other kernels."""
+        return self.prefetch + 1 if self.wgmma == 3 else 0
 
     def chunk_steps(self, k: int) -> int:
         """wgmma kernels: K steps per staged chunk for reduction dim ``k`` (the largest up to
@@ -108,7 +113,7 @@ class DecodeConfig:
             raise ValueError(f"DecodeConfig: prefetch 0|1 (wgmma: 1|2 K steps ahead), block_t 8|16|32, block_k a "
                              f"multiple of 64; got {self}")
         if self.wgmma not in (0, 1, 2, 3) or (self.wgmma and self.num_warps % 4):
-            raise ValueError(f"DecodeConfig: wgmma 0|1|2, and wgmma tiles take whole warpgroups (num_warps 4, 8, 12, "
+            raise ValueError(f"DecodeConfig: wgmma 0-3, and wgmma tiles take whole warpgroups (num_warps 4, 8, 12, "
                              f"16); got {self}")
 
 
@@ -148,7 +153,7 @@ DECODE_MAX_ROWS_PER_EXPERT = 32
 # - below 2 rows: L1 8 warps x 1 m-tile x BK=256, L2 2 m-tiles x BK=128 with register prefetch;
 # - 2 to 6 rows: 8 tokens, 2 m-tiles x BK=256 x 4 warps for both: 1-12% less time than the pair above
 #   at 2-4 rows (Pro 48 experts, 4 rows: 602 vs 683 us);
-# - 6 to 16 rows: the wgmma kernels (_decode_wgmma.py), 16 tokens, one warpgroup x 64 rows, BK=128,
+# - 6 to 15 rows: the wgmma kernels (_decode_wgmma.py), 16 tokens, one warpgroup x 64 rows, BK=128,
 #   weights, scales and token tiles through a 4-slot cp.async ring (3 K steps in flight): on an H200
 #   (2026-11-25, cold L2, Flash 64 / Pro 48 experts, uniform and Zipf) 5-16% less time than the
 #   16-token mma.sync pair below at 8-16 rows (Flash 16 rows uniform 510 vs 588 us, Zipf 578 vs 666;
@@ -161,13 +166,17 @@ _DECODE_T8 = (DecodeConfig(block_t=8, mrep=2, block_k=256, num_warps=4, prefetch
 _DECODE_T16_RING = (DecodeConfig(block_t=16, mrep=1, block_k=128, num_warps=4, prefetch=3, wgmma=3),) * 2
 _DECODE_T16 = (DecodeConfig(block_t=16, mrep=2, block_k=128, num_warps=2, prefetch=0),
                DecodeConfig(block_t=16, mrep=2, block_k=128, num_warps=4, prefetch=0))
-# - 17 to 32 rows: the wgmma ring kernels with a 32-token tile: 5-20% less time than the 32-token
-#   mma.sync tile (2 m-tiles x BK=64, the fallback) on the same H200 run (Flash 64 experts, 24 rows
-#   uniform 502 vs 613 us, 32 rows Zipf 797 vs 997; Pro 48, 24 rows uniform 1043 vs 1202).
+# - over 15 to 32 rows: the wgmma ring kernels with a 32-token tile. Its padding token rows are
+#   zero-filled, not read (at 16 rows per expert half the tile is padding): with that, on an H200
+#   (2026-11-25, cold L2, same run) it takes 469 us against the 16-token ring's 523 at Flash 64
+#   experts, 16 rows uniform, 529 vs 542 Zipf, 889 vs 905 at Pro 48 16 rows uniform; at 20 rows
+#   476 vs 649; at 13-15 rows the 16-token ring is 1-14% faster for uniform routing. Before the
+#   padding was skipped the 32-token ring took 550 us at Flash 16 rows. Fallback: the 32-token
+#   mma.sync tile (2 m-tiles x BK=64).
 _DECODE_T32_RING = (DecodeConfig(block_t=32, mrep=1, block_k=128, num_warps=4, prefetch=3, wgmma=3),) * 2
 _DECODE_T32 = (DecodeConfig(block_t=32, mrep=2, block_k=64, num_warps=4, prefetch=0),) * 2
 # the largest average rows per expert each 8/16-token choice takes
-DECODE_FEW_MAX_ROWS, DECODE_T8_MAX_ROWS, DECODE_T16_MAX_ROWS = 2.0, 6.0, 16.0
+DECODE_FEW_MAX_ROWS, DECODE_T8_MAX_ROWS, DECODE_T16_MAX_ROWS = 2.0, 6.0, 15.0
 
 
 def decode_available(device: torch.device) -> bool:
@@ -245,7 +254,7 @@ DECODE_CANDIDATES: tuple[tuple[DecodeConfig, DecodeConfig], ...] = tuple(
     for bt, m, bk, w, pf, wg in ((16, 1, 128, 8, 1, 1), (16, 1, 128, 4, 2, 1), (16, 1, 128, 8, 1, 2),
                                  (16, 1, 128, 4, 1, 3), (16, 1, 128, 4, 3, 3), (16, 1, 256, 4, 1, 3),
                                  (16, 1, 256, 4, 3, 3), (32, 1, 256, 4, 1, 3), (16, 2, 128, 4, 1, 3),
-                                 (8, 1, 256, 4, 1, 3))
+                                 (8, 1, 256, 4, 1, 3), (32, 1, 128, 4, 3, 3))
 )
 # Diagnostics for --sweep --diag (WRONG numbers, never selected): same loads and MMAs, no dequant.
 DIAG = (_t(16, 64, 256, 4, 3, deq=9), _t(128, 64, 64, 4, 3, deq=9))

@@ -110,8 +110,8 @@ class DecodeConfig:
 
     def __post_init__(self):
         if self.prefetch not in ((1, 2, 3, 7) if self.wgmma else (0, 1)) or self.block_t not in (8, 16, 32) or self.block_k % 64:
-            raise ValueError(f"DecodeConfig: prefetch 0|1 (wgmma: 1|2 K steps ahead), block_t 8|16|32, block_k a "
-                             f"multiple of 64; got {self}")
+            raise ValueError(f"DecodeConfig: prefetch 0|1 (wgmma tiles: 1, 2, 3 or 7 K steps ahead), block_t "
+                             f"8|16|32, block_k a multiple of 64; got {self}")
         if self.wgmma not in (0, 1, 2, 3) or (self.wgmma and self.num_warps % 4):
             raise ValueError(f"DecodeConfig: wgmma 0-3, and wgmma tiles take whole warpgroups (num_warps 4, 8, 12, "
                              f"16); got {self}")

@@ -193,10 +193,16 @@ def _stored_col(k, BK: gl.constexpr):
 
 
 @gluon.jit
+def _block_slots(sorted_ids_ptr, t, num_slots):
+    """Positions ``t`` of the routing blocks -> (slot, valid): padding holds num_slots or more."""
+    slot = gl.load(sorted_ids_ptr + t)
+    return slot, slot < num_slots
+
+
+@gluon.jit
 def _block_tokens(sorted_ids_ptr, t, num_slots, top_k):
     """Slots ``t`` of the routing blocks -> (token index, valid); padding slots give token 0."""
-    slot = gl.load(sorted_ids_ptr + t)
-    valid = slot < num_slots
+    slot, valid = _block_slots(sorted_ids_ptr, t, num_slots)
     return gl.where(valid, slot // top_k, 0).to(gl.int64), valid
 
 
@@ -259,8 +265,7 @@ def _l2_epilogue(acc, gs_ptr, expert, topk_w_ptr, out_ptr, stride_om, sorted_ids
     """Global scale times routing weight; each valid slot's row stored bf16 for the top-k sum."""
     gs = gl.load(gs_ptr + expert) * _TILE_UNSCALE
     t_o = pid_m * BT + gl.arange(0, BT, layout=gl.SliceLayout(0, MMA))
-    slot = gl.load(sorted_ids_ptr + t_o)
-    valid = slot < num_slots
+    slot, valid = _block_slots(sorted_ids_ptr, t_o, num_slots)
     route_w = gl.load(topk_w_ptr + slot, mask=valid, other=0.0)
     y = acc * gs * gl.expand_dims(route_w, 0)
     n_o = n0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, MMA))

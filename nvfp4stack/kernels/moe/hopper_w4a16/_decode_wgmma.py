@@ -27,8 +27,8 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
 from nvfp4stack.kernels.moe.hopper_w4a16._decode_gluon import (
-    _block_tokens, _bytes_of, _dequant_a, _l1_epilogue, _l1_weight_rows, _l2_epilogue, _l2_weight_rows, _scales,
-    decode_layouts,
+    _block_slots, _block_tokens, _bytes_of, _dequant_a, _l1_epilogue, _l1_weight_rows, _l2_epilogue, _l2_weight_rows,
+    _scales, decode_layouts,
 )
 from nvfp4stack.kernels.moe.hopper_w4a16._triton_kernels import _block_expert
 
@@ -151,7 +151,7 @@ def _ring_issue(step, NSTEPS, w_slot, s_slot, x_slot, w32_ptrs, sc_ptrs, x_step_
     """One cp.async group: K step ``step``'s weight words, scales and token tile into one ring slot
     (an empty group past the last step, so that the group count stays uniform). Padding token rows
     (x_mask false) are zero-filled, not read: a 32-token tile at 16 rows per expert is half padding,
-    and reading it cost the 32-token ring 5-15% (bench/moe_kernel_notes.md, ninth pass)."""
+    and reading it cost the 32-token ring 9-18% (bench/moe_kernel_notes.md, ninth pass)."""
     if step < NSTEPS:
         async_copy.async_copy_global_to_shared(w_slot, w32_ptrs + step * (BK // 8))
         async_copy.async_copy_global_to_shared(s_slot, sc_ptrs + step * (BK // 16))
@@ -260,7 +260,8 @@ def l2_wgmma_kernel(
         t = pid_m * BT + gl.arange(0, BT, layout=gl.SliceLayout(1, XC))
         k_x = gl.expand_dims(gl.arange(0, BK, layout=gl.SliceLayout(0, XC)), 0)
         x_step = gl.expand_dims(a_ptr + t.to(gl.int64) * stride_am, 1) + k_x
-        x_mask = gl.expand_dims(gl.load(sorted_ids_ptr + t) < num_slots, 1) & (k_x >= 0)
+        _, valid = _block_slots(sorted_ids_ptr, t, num_slots)
+        x_mask = gl.expand_dims(valid, 1) & (k_x >= 0)
         acc = _gemm_rows_ring(w_row, s_row, x_step, x_mask, I, MMA, W_BYTES, W_BLOCKS, W32, SMEM, SC, ROWS, BT, BK, PD)
     else:  # chunk row r = step * BT + token
         r = gl.arange(0, CS * BT, layout=gl.SliceLayout(1, COPY))

@@ -79,8 +79,9 @@ def test_pick_decode_tiles(monkeypatch):
 
 
 def test_decode_config_ring_slots():
-    """The ring tiles' slot count is what their K steps must divide into; the staged-chunk tiles
-    need whole chunks, the ring none; an unknown kernel kind is refused when the tile is built."""
+    """The ring tiles' slot count is what their K steps must divide into, and a power of two (the
+    scales of one round of slots arrive 16 bytes per row); an unknown kernel kind is refused when
+    the tile is built."""
     from nvfp4stack.kernels.moe.hopper_w4a16.fused_moe import DecodeConfig
 
     ring = DecodeConfig(32, 1, 128, 4, 3, 3)
@@ -88,10 +89,14 @@ def test_decode_config_ring_slots():
     assert DecodeConfig(16, 1, 128, 4, 1, 1).ring_slots == 0 and DecodeConfig(8, 2, 256, 4, 0).ring_slots == 0
     assert ring.fits(4096, 2048) and ring.fits(7168, 3072)
     assert not ring.fits(1152, 1024)  # 9 K steps: no multiple of 4 slots
-    # 3 K steps: no even number of staged chunks, but a ring of 3 slots
-    assert DecodeConfig(16, 1, 128, 4, 2, 3).fits(384, 384) and not DecodeConfig(16, 1, 128, 4, 2, 1).fits(384, 384)
+    assert DecodeConfig(16, 1, 128, 4, 1, 3).fits(256, 256) and not DecodeConfig(16, 1, 128, 4, 1, 3).fits(384, 384)
     with pytest.raises(ValueError, match="wgmma 0-3"):
         DecodeConfig(16, 1, 128, 4, 3, 4)
+    # the ring's scales arrive a round of slots at a time, 16 bytes per row: 3 slots of BK=128 are 24
+    with pytest.raises(ValueError, match=r"prefetch 1, 3 or 7 at block_k 128.*prefetch=2"):
+        DecodeConfig(16, 1, 128, 4, 2, 3)
+    with pytest.raises(ValueError, match="power of two"):
+        DecodeConfig(16, 1, 64, 4, 1, 3)  # 2 slots of BK=64: 8 bytes per row
 
 
 def _gen(device) -> torch.Generator:

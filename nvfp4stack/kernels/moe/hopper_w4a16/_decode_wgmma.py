@@ -10,8 +10,9 @@ tokens are wgmma's N, read by the tensor core from shared memory: nothing per to
 by the warps. Row pointers and epilogues are _decode_gluon's.
 
 Two ways to stage the operands (bench/moe_kernel_notes.md, eighth pass):
-- RING (the tiles decode_pair picks): each K step's weight words, scales and token tile arrive by
-  cp.async in one ring of D + 1 slots, D steps in flight; one CTA is one warpgroup.
+- RING (the tiles decode_pair picks): each K step's weight words and token tile arrive by
+  cp.async in one ring of D + 1 slots, D steps in flight, the scales a round of D + 1 steps at a
+  time (16 bytes per row; tenth pass); one CTA is one warpgroup.
 - otherwise (sweep candidates): the token tile in chunks of CS K steps, two chunk buffers, one
   barrier per chunk; weights register-prefetched PD steps ahead; WAIT1 keeps one wgmma in flight.
 
@@ -33,8 +34,9 @@ from nvfp4stack.kernels.moe.hopper_w4a16._decode_gluon import (
 from nvfp4stack.kernels.moe.hopper_w4a16._triton_kernels import _block_expert
 
 
-def wgmma_layouts(num_warps: int, mrep: int, block_t: int, block_k: int, chunk: int):
-    """(MMA, W_BYTES, W_BLOCKS, W32, SMEM, COPY, XC, SC) for one CTA of ``num_warps`` (a multiple of 4)."""
+def wgmma_layouts(num_warps: int, mrep: int, block_t: int, block_k: int, chunk: int, slots: int = 0):
+    """(MMA, W_BYTES, W_BLOCKS, W32, SMEM, COPY, XC, SC) for one CTA of ``num_warps`` (a multiple of 4);
+    ``slots``: the ring's (DecodeConfig.ring_slots; XC and SC are the ring's copy layouts)."""
     assert num_warps % 4 == 0 and block_k % 64 == 0 and block_t in (8, 16, 32)
     _, w_bytes, w_blocks, _, (w32,) = decode_layouts(num_warps, mrep, block_t, block_k, prefetch=1)
     mma = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, block_t, 16])
@@ -50,10 +52,12 @@ def wgmma_layouts(num_warps: int, mrep: int, block_t: int, block_k: int, chunk: 
     wx = max(1, min(num_warps, block_t // tr))
     xc = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[tr, tk],
                           warps_per_cta=[wx, num_warps // wx], order=[1, 0])
-    # one step's scales [rows, block_k / 16] bytes, 8 per thread (cp.async takes 4, 8 or 16 bytes)
-    sv = min(block_k // 16, 8)
-    ts_k = block_k // 16 // sv
-    sc = gl.BlockedLayout(size_per_thread=[1, sv], threads_per_warp=[32 // ts_k, ts_k],
+    # the ring's scales of one round of ``slots`` K steps [rows, slots * block_k / 16] bytes, 16 per thread
+    # (8-byte copies of one step's scales, rows 256 bytes apart, were 40% of the ring's shared-memory
+    # wavefronts; 16-byte copies of a round took 3-17% off the ring: bench/moe_kernel_notes.md, tenth pass)
+    cols = max(slots, 1) * block_k // 16
+    ts_k = max(1, cols // 16)
+    sc = gl.BlockedLayout(size_per_thread=[1, min(cols, 16)], threads_per_warp=[32 // ts_k, ts_k],
                           warps_per_cta=[num_warps, 1], order=[1, 0])
     return mma, w_bytes, w_blocks, w32, smem, copy, xc, sc
 
@@ -147,14 +151,13 @@ def _gemm_rows_wgmma(w_row_ptr, s_row_ptr, x_row_ptr, K,
 
 
 @gluon.jit
-def _ring_issue(step, NSTEPS, w_slot, s_slot, x_slot, w32_ptrs, sc_ptrs, x_step_ptrs, x_mask, BK: gl.constexpr):
-    """One cp.async group: K step ``step``'s weight words, scales and token tile into one ring slot
+def _ring_issue(step, NSTEPS, w_slot, x_slot, w32_ptrs, x_step_ptrs, x_mask, BK: gl.constexpr):
+    """One cp.async group: K step ``step``'s weight words and token tile into one ring slot
     (an empty group past the last step, so that the group count stays uniform). Padding token rows
     (x_mask false) are zero-filled, not read: a 32-token tile at 16 rows per expert is half padding,
     and reading it cost the 32-token ring 9-18% (bench/moe_kernel_notes.md, ninth pass)."""
     if step < NSTEPS:
         async_copy.async_copy_global_to_shared(w_slot, w32_ptrs + step * (BK // 8))
-        async_copy.async_copy_global_to_shared(s_slot, sc_ptrs + step * (BK // 16))
         async_copy.async_copy_global_to_shared(x_slot, x_step_ptrs + step * BK, mask=x_mask)
     async_copy.commit_group()
 
@@ -164,35 +167,44 @@ def _gemm_rows_ring(w_row_ptr, s_row_ptr, x_step_ptrs, x_mask, K,
                     MMA: gl.constexpr, W_BYTES: gl.constexpr, W_BLOCKS: gl.constexpr, W32: gl.constexpr,
                     SMEM: gl.constexpr, SC: gl.constexpr,
                     ROWS: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, D: gl.constexpr):
-    """Weights, scales and token tiles through one cp.async ring of S = D + 1 slots, D K steps in
-    flight, nothing loaded into registers from global memory inside the loop (the proxy fence of
-    every step would wait for such loads). The loop is unrolled by S so that every slot index is
-    static: the compiler then sees that the slot being filled is not the one being read and adds
-    no barrier of its own; one barrier per step remains. NSTEPS must be a multiple of S."""
+    """Weights and token tiles through one cp.async ring of S = D + 1 slots, D K steps in flight,
+    nothing loaded into registers from global memory inside the loop (the proxy fence of every
+    step would wait for such loads). The loop is unrolled by S so that every slot index is static:
+    the compiler then sees that the slot being filled is not the one being read and adds no
+    barrier of its own; one barrier per step remains. NSTEPS must be a multiple of S.
+
+    The scales arrive a round (S steps) at a time, 16 bytes per row, into two round buffers: round
+    r + 1's copy joins the cp.async group of round r's first step and has landed before round r + 1
+    starts; its buffer was last read in round r - 1, which every warp has left at that barrier."""
     S: gl.constexpr = D + 1
+    SR: gl.constexpr = S * (BK // 16)  # scale bytes per row and round
     S_L: gl.constexpr = gl.SliceLayout(2, W_BLOCKS)
     w32_row = gl.convert_layout(w_row_ptr, gl.SliceLayout(1, W32)).to(gl.pointer_type(gl.int32), bitcast=True)
     w32_ptrs = gl.expand_dims(w32_row, 1) + gl.expand_dims(gl.arange(0, BK // 8, layout=gl.SliceLayout(0, W32)), 0)
     sc_row = gl.convert_layout(s_row_ptr, gl.SliceLayout(1, SC))
-    sc_ptrs = gl.expand_dims(sc_row, 1) + gl.expand_dims(gl.arange(0, BK // 16, layout=gl.SliceLayout(0, SC)), 0)
+    sc_ptrs = gl.expand_dims(sc_row, 1) + gl.expand_dims(gl.arange(0, SR, layout=gl.SliceLayout(0, SC)), 0)
     plain: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
     w_ring = gl.allocate_shared_memory(gl.int32, [S, ROWS, BK // 8], plain)
-    s_ring = gl.allocate_shared_memory(gl.uint8, [S, ROWS, BK // 16], plain)
+    s_rounds = gl.allocate_shared_memory(gl.uint8, [2, ROWS, SR], plain)
     x_ring = gl.allocate_shared_memory(gl.bfloat16, [S, BT, BK], SMEM)
     NSTEPS = K // BK
+    async_copy.async_copy_global_to_shared(s_rounds.index(0), sc_ptrs)  # round 0, in step 0's group
     for j in gl.static_range(D):
-        _ring_issue(j, NSTEPS, w_ring.index(j), s_ring.index(j), x_ring.index(j), w32_ptrs, sc_ptrs, x_step_ptrs,
-                    x_mask, BK)
+        _ring_issue(j, NSTEPS, w_ring.index(j), x_ring.index(j), w32_ptrs, x_step_ptrs, x_mask, BK)
     acc = gl.zeros([ROWS, BT], gl.float32, layout=MMA)
     for i0 in range(0, NSTEPS, S):
+        r = i0 // S
         for s in gl.static_range(S):
             async_copy.wait_group(D - 1)  # step i0 + s has landed
             fence_async_shared()
             gl.thread_barrier()  # ... for every thread, and every warp is done with the previous step's slot
-            _ring_issue(i0 + s + D, NSTEPS, w_ring.index((s + D) % S), s_ring.index((s + D) % S),
-                        x_ring.index((s + D) % S), w32_ptrs, sc_ptrs, x_step_ptrs, x_mask, BK)
+            if s == 0:
+                if i0 + S < NSTEPS:
+                    async_copy.async_copy_global_to_shared(s_rounds.index((r + 1) % 2), sc_ptrs + (i0 + S) * (BK // 16))
+            _ring_issue(i0 + s + D, NSTEPS, w_ring.index((s + D) % S), x_ring.index((s + D) % S), w32_ptrs,
+                        x_step_ptrs, x_mask, BK)
             w = w_ring.index(s).load(W32)
-            sc = s_ring.index(s).load(S_L)
+            sc = s_rounds.index(r % 2).slice(s * (BK // 16), BK // 16, dim=1).load(S_L)
             a = _dequant_a(_bytes_of(w, W_BYTES, ROWS, BK), _scales(sc), MMA, W_BLOCKS, ROWS, BK)
             acc = warpgroup_mma(a, x_ring.index(s).permute((1, 0)), acc, is_async=True)
             acc = warpgroup_mma_wait(0, deps=[acc])
@@ -276,7 +288,8 @@ def launch(cfg1, cfg2, l1_args: tuple, l2_args: tuple, nblocks: int, inter: int,
     """Both GEMMs on (L1, L2) wgmma DecodeConfig tiles; l1_args carry x already K-permuted for cfg1."""
     def consts(c, k: int) -> dict:
         cs = c.chunk_steps(k)
-        mma, w_bytes, w_blocks, w32, smem, copy, xc, sc = wgmma_layouts(c.num_warps, c.mrep, c.block_t, c.block_k, cs)
+        mma, w_bytes, w_blocks, w32, smem, copy, xc, sc = wgmma_layouts(c.num_warps, c.mrep, c.block_t, c.block_k, cs,
+                                                                        c.ring_slots)
         return dict(MMA=mma, W_BYTES=w_bytes, W_BLOCKS=w_blocks, W32=w32, SMEM=smem, COPY=copy, XC=xc, SC=sc, ROWS=c.rows,
                     BT=c.block_t, BK=c.block_k, CS=cs, PD=c.prefetch, WAIT1=c.wgmma == 2, RING=c.wgmma == 3,
                     num_warps=c.num_warps)

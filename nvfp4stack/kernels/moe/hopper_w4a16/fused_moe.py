@@ -115,6 +115,11 @@ class DecodeConfig:
         if self.wgmma not in (0, 1, 2, 3) or (self.wgmma and self.num_warps % 4):
             raise ValueError(f"DecodeConfig: wgmma 0-3, and wgmma tiles take whole warpgroups (num_warps 4, 8, 12, "
                              f"16); got {self}")
+        round_bytes = self.ring_slots * self.block_k // 16
+        if self.wgmma == 3 and (round_bytes % 16 or (round_bytes // 16) & (round_bytes // 16 - 1)):
+            raise ValueError(f"DecodeConfig: the ring (wgmma 3) copies each row's scales of one round of "
+                             f"prefetch + 1 K steps in 16-byte pieces, so (prefetch + 1) * block_k / 256 must be a "
+                             f"power of two (prefetch 1, 3 or 7 at block_k 128); got {self}")
 
 
 # Tile heuristics by average routed rows per expert. Decode is bound by weight bytes and by the
@@ -159,7 +164,9 @@ DECODE_MAX_ROWS_PER_EXPERT = 32
 #   16-token mma.sync pair below at 8-16 rows (Flash 16 rows uniform 510 vs 588 us, Zipf 578 vs 666;
 #   Pro 8 rows uniform 726 vs 819), within -6..+6% at 6 rows. Shapes it does not divide (64-row
 #   tiles, K steps a multiple of 4) fall back to that pair: 16 tokens, L1 2 warps x 2 m-tiles x
-#   BK=128, L2 4 warps (20-25% less time than 8-token blocks at 8 rows).
+#   BK=128, L2 4 warps (20-25% less time than 8-token blocks at 8 rows). Since the ring's scales
+#   arrive four K steps at a time in 16-byte copies (not 8 bytes a step), 8 rows take 362-380 us
+#   at Flash 64 (3.0x bf16) and 668-716 at Pro 48 (H200, 2026-11-25 evening, bench/RESULTS.md).
 _DECODE_FEW = (DecodeConfig(block_t=8, mrep=1, block_k=256, num_warps=8, prefetch=0),
                DecodeConfig(block_t=8, mrep=2, block_k=128, num_warps=4, prefetch=1))
 _DECODE_T8 = (DecodeConfig(block_t=8, mrep=2, block_k=256, num_warps=4, prefetch=0),) * 2
@@ -171,8 +178,9 @@ _DECODE_T16 = (DecodeConfig(block_t=16, mrep=2, block_k=128, num_warps=2, prefet
 #   (2026-11-25, cold L2, same run) it takes 469 us against the 16-token ring's 523 at Flash 64
 #   experts, 16 rows uniform, 529 vs 542 Zipf, 889 vs 905 at Pro 48 16 rows uniform; at 20 rows
 #   476 vs 649; at 13-15 rows the 16-token ring is 1-14% faster for uniform routing. Before the
-#   padding was skipped the 32-token ring took 550 us at Flash 16 rows. Fallback: the 32-token
-#   mma.sync tile (2 m-tiles x BK=64).
+#   padding was skipped the 32-token ring took 550 us at Flash 16 rows; with the scales in 16-byte
+#   copies it takes 424-427 (Pro 48: 763-784 us, was 880-911). Fallback: the 32-token mma.sync
+#   tile (2 m-tiles x BK=64).
 _DECODE_T32_RING = (DecodeConfig(block_t=32, mrep=1, block_k=128, num_warps=4, prefetch=3, wgmma=3),) * 2
 _DECODE_T32 = (DecodeConfig(block_t=32, mrep=2, block_k=64, num_warps=4, prefetch=0),) * 2
 # the largest average rows per expert each 8/16-token choice takes

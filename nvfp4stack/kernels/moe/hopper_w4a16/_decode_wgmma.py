@@ -163,9 +163,9 @@ def _ring_issue(step, NSTEPS, w_slot, x_slot, w32_ptrs, x_step_ptrs, x_mask, BK:
 
 
 @gluon.jit
-def _gemm_rows_ring(w_row_ptr, s_row_ptr, x_step_ptrs, x_mask, K,
+def _gemm_rows_ring(w_row_ptr, s_row_ptr, x_row_ptr, x_valid, K,
                     MMA: gl.constexpr, W_BYTES: gl.constexpr, W_BLOCKS: gl.constexpr, W32: gl.constexpr,
-                    SMEM: gl.constexpr, SC: gl.constexpr,
+                    SMEM: gl.constexpr, SC: gl.constexpr, XC: gl.constexpr,
                     ROWS: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, D: gl.constexpr):
     """Weights and token tiles through one cp.async ring of S = D + 1 slots, D K steps in flight,
     nothing loaded into registers from global memory inside the loop (the proxy fence of every
@@ -175,7 +175,10 @@ def _gemm_rows_ring(w_row_ptr, s_row_ptr, x_step_ptrs, x_mask, K,
 
     The scales arrive a round (S steps) at a time, 16 bytes per row, into two round buffers: round
     r + 1's copy joins the cp.async group of round r's first step and has landed before round r + 1
-    starts; its buffer was last read in round r - 1, which every warp has left at that barrier."""
+    starts; its buffer was last read in round r - 1, which every warp has left at that barrier.
+
+    x_row_ptr / x_valid [BT] (layout SliceLayout(1, XC)): each token row's pointer, and whether the
+    row is a routed slot (padding rows are zero-filled, not read)."""
     S: gl.constexpr = D + 1
     SR: gl.constexpr = S * (BK // 16)  # scale bytes per row and round
     S_L: gl.constexpr = gl.SliceLayout(2, W_BLOCKS)
@@ -183,6 +186,9 @@ def _gemm_rows_ring(w_row_ptr, s_row_ptr, x_step_ptrs, x_mask, K,
     w32_ptrs = gl.expand_dims(w32_row, 1) + gl.expand_dims(gl.arange(0, BK // 8, layout=gl.SliceLayout(0, W32)), 0)
     sc_row = gl.convert_layout(s_row_ptr, gl.SliceLayout(1, SC))
     sc_ptrs = gl.expand_dims(sc_row, 1) + gl.expand_dims(gl.arange(0, SR, layout=gl.SliceLayout(0, SC)), 0)
+    k_x = gl.expand_dims(gl.arange(0, BK, layout=gl.SliceLayout(0, XC)), 0)
+    x_step_ptrs = gl.expand_dims(x_row_ptr, 1) + k_x
+    x_mask = gl.expand_dims(x_valid, 1) & (k_x >= 0)
     plain: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
     w_ring = gl.allocate_shared_memory(gl.int32, [S, ROWS, BK // 8], plain)
     s_rounds = gl.allocate_shared_memory(gl.uint8, [2, ROWS, SR], plain)
@@ -237,10 +243,8 @@ def l1_swiglu_wgmma_kernel(
     if RING:
         t = gl.arange(0, BT, layout=gl.SliceLayout(1, XC))
         tok, valid = _block_tokens(sorted_ids_ptr, pid_m * BT + t, num_slots, top_k)
-        k_x = gl.expand_dims(gl.arange(0, BK, layout=gl.SliceLayout(0, XC)), 0)
-        x_step = gl.expand_dims(x_ptr + tok * stride_xm, 1) + k_x
-        x_mask = gl.expand_dims(valid, 1) & (k_x >= 0)
-        acc = _gemm_rows_ring(w_row, s_row, x_step, x_mask, H, MMA, W_BYTES, W_BLOCKS, W32, SMEM, SC, ROWS, BT, BK, PD)
+        acc = _gemm_rows_ring(w_row, s_row, x_ptr + tok * stride_xm, valid, H, MMA, W_BYTES, W_BLOCKS, W32, SMEM, SC, XC,
+                              ROWS, BT, BK, PD)
     else:  # chunk row r = step * BT + token
         r = gl.arange(0, CS * BT, layout=gl.SliceLayout(1, COPY))
         tok, _ = _block_tokens(sorted_ids_ptr, pid_m * BT + r % BT, num_slots, top_k)
@@ -270,11 +274,9 @@ def l2_wgmma_kernel(
     # L1 wrote every row of this block (padding rows too); the ring reads only the valid ones
     if RING:
         t = pid_m * BT + gl.arange(0, BT, layout=gl.SliceLayout(1, XC))
-        k_x = gl.expand_dims(gl.arange(0, BK, layout=gl.SliceLayout(0, XC)), 0)
-        x_step = gl.expand_dims(a_ptr + t.to(gl.int64) * stride_am, 1) + k_x
         _, valid = _block_slots(sorted_ids_ptr, t, num_slots)
-        x_mask = gl.expand_dims(valid, 1) & (k_x >= 0)
-        acc = _gemm_rows_ring(w_row, s_row, x_step, x_mask, I, MMA, W_BYTES, W_BLOCKS, W32, SMEM, SC, ROWS, BT, BK, PD)
+        acc = _gemm_rows_ring(w_row, s_row, a_ptr + t.to(gl.int64) * stride_am, valid, I, MMA, W_BYTES, W_BLOCKS, W32,
+                              SMEM, SC, XC, ROWS, BT, BK, PD)
     else:  # chunk row r = step * BT + token
         r = gl.arange(0, CS * BT, layout=gl.SliceLayout(1, COPY))
         x_row = a_ptr + (pid_m * BT + r % BT).to(gl.int64) * stride_am + (r // BT) * BK

@@ -1,7 +1,7 @@
 """Decode at engine batch sizes: ``tokens x top_k`` routed slots over ``experts`` (most idle).
 
 ``python -m nvfp4stack.bench.moe_few_tokens [--shape flash] [--experts 64] [--top-k 6]
-[--tokens 1,2,4,8,16 | --rows 1,2,4,8,16] [--routing uniform,zipf] [--l2 cold|warm]`` (GPU host; torch +
+[--tokens 1,2,4,8,16 | --rows 1,2,4,8,16] [--routing uniform,zipf] [--l2 cold|warm] [--layout auto|rows|tiles]`` (GPU host; torch +
 triton only). ``--rows`` gives average routed rows per expert (tokens = ceil(rows x experts / top_k)). At
 batch 1-10 with the Flash shape's 64 local experts and top-6 most experts get no token, a load that
 ``bench.moe_kernel`` (every expert ``n`` rows) never shows. Per load it times, with CUDA-graph
@@ -54,6 +54,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--marlin", choices=("auto", "on", "off"), default="auto",
                     help="vLLM's fused Marlin NVFP4 MoE on the same weights (needs vLLM for CUDA): "
                          "auto = where importable, on = refuse to run without it")
+    ap.add_argument("--layout", choices=("auto", "rows", "tiles"), default="auto",
+                    help="packed weight bytes of our kernels: auto = what triton_w4a16's prepare gives on this "
+                         "GPU (tiles on sm90 where the shape tiles), rows = the checkpoint's row-major bytes, "
+                         "tiles = hopper_w4a16/tiles.py's layout")
     ap.add_argument("--sweep", action=argparse.BooleanOptionalAction, default=True,
                     help="also time every decode tile candidate and the Triton path (--no-sweep: picked only)")
     return ap
@@ -69,6 +73,7 @@ def token_counts(tokens: str, rows: str | None, experts: int, top_k: int) -> lis
 
 def main(argv: list[str] | None = None) -> int:
     from nvfp4stack.kernels.moe.hopper_w4a16 import fused_moe as tw
+    from nvfp4stack.kernels.moe.hopper_w4a16 import tiles
 
     a = parser().parse_args(argv)
     if not torch.cuda.is_available():
@@ -85,6 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     per_expert_bytes = sum((t.data[0].numel() + t.scale[0].numel()) for t in (w13, w2))
     print(f"{a.shape} {hidden}x{inter}, {e} experts, top-{k}, seed={seed}, {torch.cuda.get_device_name()}")
     cands = [c for c in tw.DECODE_CANDIDATES if c[0].fits(hidden, inter)] if a.sweep else []
+    tiled = a.layout == "tiles" or (a.layout == "auto" and tw.decode_available(dev) and tiles.experts_fit(w13, w2))
+    k13, k2 = tiles.tile_experts(w13, w2) if tiled else (w13, w2)  # what our kernels read
+    print(f"our kernels' weight layout: {'tiles' if tiled else 'rows'} (--layout {a.layout})")
     marlin = None
     if a.marlin != "off":
         ok, why = marlin_moe.available()
@@ -112,14 +120,14 @@ def main(argv: list[str] | None = None) -> int:
             x_sorted = x[(order // k)].contiguous()
             nbytes = active * per_expert_bytes
 
-            def ours(cfg):
-                return tw.nvfp4_moe_forward_triton(x, w13, w2, wts, ids, swiglu_limit=10.0, config=cfg, mode="w4a16")
+            def ours(cfg, poison=False):
+                return tw.nvfp4_moe_forward_triton(x, k13, k2, wts, ids, swiglu_limit=10.0, config=cfg, mode="w4a16",
+                                                   tiled=tiled, poison=poison)
 
             heur = tw.pick_tiles(tokens * k / e, hidden, inter, tw.decode_available(dev))
             # fresh random inputs every run: the picked tiles (and Marlin) against the fp32 twin
             ref = nvfp4_moe_forward(x.float(), w13, w2, wts, ids, swiglu_limit=10.0)
-            err = _rel_err(tw.nvfp4_moe_forward_triton(x, w13, w2, wts, ids, swiglu_limit=10.0, config=heur,
-                                                       mode="w4a16", poison=True), ref)
+            err = _rel_err(ours(heur, poison=True), ref)
             t_heur = timed(lambda: ours(heur))
             t_marlin = err_marlin = None
             if marlin is not None:

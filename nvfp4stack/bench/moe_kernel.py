@@ -120,6 +120,12 @@ def bench_shape(args: MoeKernelBench, name: str, log) -> list[dict]:
     except Exception as exc:
         log(f"[{name}] fp8 prepare failed: {type(exc).__name__}: {str(exc)[:200]}")
         fp8w = None
+    from nvfp4stack.kernels.moe.hopper_w4a16 import tiles
+
+    # our kernels read what triton_w4a16's prepare gives here: the tile layout on sm90 where the shape tiles
+    tiled = tw.decode_available(dev) and tiles.experts_fit(w13, w2)
+    k13, k2 = tiles.tile_experts(w13, w2) if tiled else (w13, w2)
+    log(f"[{name}] weight layout of our kernels: {'tiles' if tiled else 'rows'}")
     params = e * 3 * hidden * inter
     rows = []
     for per_expert in args.tokens_per_expert:
@@ -132,8 +138,8 @@ def bench_shape(args: MoeKernelBench, name: str, log) -> list[dict]:
 
         def ours(cfg=None, mode="w4a16"):
             return tw.nvfp4_moe_forward_triton(
-                x, w13, w2, wts, ids, swiglu_limit=args.swiglu_limit, config=cfg, mode=mode,
-                fp8_weights=fp8w,
+                x, k13, k2, wts, ids, swiglu_limit=args.swiglu_limit, config=cfg, mode=mode,
+                fp8_weights=fp8w, tiled=tiled,
             )
 
         # what the forward picks: the Gluon decode kernels up to DECODE_MAX_ROWS_PER_EXPERT, else Triton tiles

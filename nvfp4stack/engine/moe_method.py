@@ -5,10 +5,12 @@ It subclasses vLLM's ``ModelOptNvFp4FusedMoE`` only to inherit its parameter lay
 loader special-cases quant methods whose class name contains "ModelOpt", hence the name. Backend
 selection (vLLM's oracle, which has no CPU NVFP4 kernel) and weight shuffling are skipped: the
 planned backend's ``prepare`` takes the packed experts exactly as the checkpoint stores them
-(views, no copy) and its ``apply`` runs them (kernels/base.py: MoeBackend).
+(views, no copy; triton_w4a16 on sm90 moves their bytes into a tile layout, which then replaces the
+parameters' storage) and its ``apply`` runs them (kernels/base.py: MoeBackend).
 """
 from __future__ import annotations
 
+import logging
 from typing import Optional
 
 import torch
@@ -20,6 +22,8 @@ from nvfp4stack.formats.nvfp4 import Nvfp4Tensor
 from nvfp4stack.kernels.base import MOE_BACKENDS, MoeWeights
 from nvfp4stack.kernels.moe.hopper_w4a16.packed import PackedExperts
 from nvfp4stack.schemes import Scheme
+
+log = logging.getLogger("vllm.nvfp4stack")  # under vLLM's logger: its handlers, in the server log
 
 
 def _shared_scale(t: torch.Tensor, what: str, prefix: str) -> torch.Tensor:
@@ -38,7 +42,7 @@ def _shared_scale(t: torch.Tensor, what: str, prefix: str) -> torch.Tensor:
 
 @torch.library.custom_op("nvfp4stack::moe_forward", mutates_args=())
 def moe_forward_op(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
-                   swiglu_limit: Optional[float], activation: str, kernel: str,
+                   swiglu_limit: Optional[float], activation: str, kernel: str, tiled: bool,
                    w13_data: torch.Tensor, w13_scale: torch.Tensor, w13_gs: torch.Tensor,
                    w2_data: torch.Tensor, w2_scale: torch.Tensor, w2_gs: torch.Tensor,
                    a13_scale: Optional[torch.Tensor], a2_scale: Optional[torch.Tensor],
@@ -46,16 +50,17 @@ def moe_forward_op(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.
                    fp8_w2: Optional[torch.Tensor], fp8_w2_scale: Optional[torch.Tensor]) -> torch.Tensor:
     """Opaque op around the backend's ``apply``: vLLM's torch.compile traces the model in one
     graph, and the emulation's data-dependent loop (experts that received tokens) must not be
-    traced. The tensors are ``PackedExperts.op_tensors()``."""
+    traced. The tensors are ``PackedExperts.op_tensors()``, ``tiled`` its layout flag."""
     prepared = PackedExperts.from_op_tensors(w13_data, w13_scale, w13_gs, w2_data, w2_scale, w2_gs,
-                                             a13_scale, a2_scale, fp8_w13, fp8_w13_scale, fp8_w2, fp8_w2_scale)
+                                             a13_scale, a2_scale, fp8_w13, fp8_w13_scale, fp8_w2, fp8_w2_scale,
+                                             tiled)
     with triton_jit_hook_suspended():  # vLLM 0.26's JIT monitor cannot serialize Gluon layouts
         return MOE_BACKENDS.get(kernel).apply(prepared, x, topk_weights, topk_ids, swiglu_limit=swiglu_limit,
                                               activation=activation)
 
 
 @moe_forward_op.register_fake
-def _(x, topk_weights, topk_ids, swiglu_limit, activation, kernel, *tensors):
+def _(x, topk_weights, topk_ids, swiglu_limit, activation, kernel, tiled, *tensors):
     return torch.empty_like(x)
 
 
@@ -117,6 +122,10 @@ class Nvfp4StackModelOptMoE(ModelOptNvFp4FusedMoE):
         if not isinstance(prepared, PackedExperts):
             raise TypeError(f"{p}: backend {self.kernel} prepared a {type(prepared).__name__}; this method "
                             "carries PackedExperts through its custom op: return one from prepare")
+        if prepared.tiled:  # the parameters now hold the tiled bytes: no second copy of the experts stays
+            layer.w13_weight.data = prepared.weights.w13.data
+            layer.w2_weight.data = prepared.weights.w2.data
+            log.info("nvfp4stack: %s: %s experts in the tile layout (hopper_w4a16/tiles.py)", p, self.kernel)
         self.prepared = prepared
         self.op_tensors = prepared.op_tensors()  # once: apply only passes them on
         limit = getattr(layer, "swiglu_limit", None)
@@ -135,4 +144,4 @@ class Nvfp4StackModelOptMoE(ModelOptNvFp4FusedMoE):
             topk_ids = local.clamp(min=0)
         limit = getattr(layer, "swiglu_limit", None)
         return moe_forward_op(x, topk_weights, topk_ids, None if limit is None else float(limit),
-                              layer.activation.value, self.kernel, *self.op_tensors)
+                              layer.activation.value, self.kernel, self.prepared.tiled, *self.op_tensors)

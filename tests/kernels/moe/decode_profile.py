@@ -2,7 +2,7 @@
 
 Usage (repo root, GPU host):
   python3 tests/kernels/moe/decode_profile.py [--loads flash64,pro48] [--rows 1,2,4,8,16]
-      [--routing uniform,zipf] [--cands 16/4/64/4/0,8/4/128/2/0+8/2/128/4/1] [--split 8,16]
+      [--routing uniform,zipf] [--cands 16/4/64/4/0,8/4/128/2/0+8/2/128/4/1] [--split 8,16] [--layout tiles|rows]
 
 A load is (shape, local experts, top-6) at ``rows`` average routed rows per expert
 (tokens = ceil(rows * experts / top_k)); zipf draws experts with weight 1/rank**1.1. Each variant
@@ -45,6 +45,7 @@ def main() -> int:
     from nvfp4stack.bench.cold_l2 import cold_time_us, flush_buffer
     from nvfp4stack.bench.moe_kernel import SHAPES, _bf16_pipeline, dequant_all, random_nvfp4_experts
     from nvfp4stack.kernels.moe.hopper_w4a16 import fused_moe as tw
+    from nvfp4stack.kernels.moe.hopper_w4a16 import tiles
     from nvfp4stack.kernels.moe.hopper_w4a16.torch_twin import nvfp4_moe_forward
     from tests.kernels.moe.decode_variants import kernel_split
 
@@ -55,6 +56,7 @@ def main() -> int:
     ap.add_argument("--cands", default="")
     ap.add_argument("--split", default="")
     ap.add_argument("--n", type=int, default=20)
+    ap.add_argument("--layout", choices=("tiles", "rows"), default="tiles")
     a = ap.parse_args()
     dev = torch.device("cuda")
     seed = int.from_bytes(os.urandom(4), "little")
@@ -71,6 +73,9 @@ def main() -> int:
         w13 = random_nvfp4_experts(e, 2 * inter, hidden, dev, gen)
         w2 = random_nvfp4_experts(e, hidden, inter, dev, gen)
         w13t, w2t = dequant_all(w13).transpose(1, 2), dequant_all(w2).transpose(1, 2)
+        # our kernels read what triton_w4a16's prepare gives (the tile layout on sm90) unless --layout rows
+        tiled = a.layout == "tiles" and tiles.experts_fit(w13, w2)
+        k13, k2 = tiles.tile_experts(w13, w2) if tiled else (w13, w2)
         per_expert_bytes = sum(t.data[0].numel() + t.scale[0].numel() for t in (w13, w2))
         for kind in a.routing.split(","):
             for rows in (float(r) for r in a.rows.split(",")):
@@ -93,11 +98,11 @@ def main() -> int:
                     if cfg is not None and not all(c.fits(hidden, inter) for c in cfg):
                         continue
                     try:
-                        out = tw.nvfp4_moe_forward_triton(x, w13, w2, wts, ids, swiglu_limit=limit, config=cfg,
-                                                          poison=True, mode="w4a16")
+                        out = tw.nvfp4_moe_forward_triton(x, k13, k2, wts, ids, swiglu_limit=limit, config=cfg,
+                                                          poison=True, mode="w4a16", tiled=tiled)
                         err = ((out.float() - ref).norm() / ref.norm()).item() if torch.isfinite(out).all() else float("inf")
                         t = cold_time_us(lambda: tw.nvfp4_moe_forward_triton(
-                            x, w13, w2, wts, ids, swiglu_limit=limit, config=cfg, mode="w4a16"), flush, a.n)
+                            x, k13, k2, wts, ids, swiglu_limit=limit, config=cfg, mode="w4a16", tiled=tiled), flush, a.n)
                     except Exception as exc:  # a variant that fails is reported, not fatal
                         print(f"{label} {name}: FAILED {type(exc).__name__}: {str(exc)[:300]}", flush=True)
                         continue
@@ -111,7 +116,7 @@ def main() -> int:
                     for name in dict.fromkeys(("pick", best)):
                         cfg = None if name == "pick" else dict(cands)[name]
                         s = kernel_split(lambda: tw.nvfp4_moe_forward_triton(
-                            x, w13, w2, wts, ids, swiglu_limit=limit, config=cfg, mode="w4a16"))
+                            x, k13, k2, wts, ids, swiglu_limit=limit, config=cfg, mode="w4a16", tiled=tiled))
                         print(f"{label} {name} per kernel (us, warm L2, eager): {s}", flush=True)
                 table.append(row)
         del w13, w2, w13t, w2t

@@ -225,3 +225,42 @@ def test_zero_tokens():
     x, w13, w2, wts, ids = _problem(g, experts=4, hidden=128, inter=64, tokens=0, top_k=2)
     out = _run("triton_w4a16", x, w13, w2, wts, ids, LIMIT)
     assert out.shape == (0, 128)
+
+
+@gpu
+@pytest.mark.gpu
+def test_tiled_layout_is_bit_identical():
+    """Every kernel reads the tile-contiguous bytes (tiles.py) exactly as it reads the row-major ones:
+    same outputs bit for bit, for every decode and Triton tile (BK 64 to 256, 8-token to 256-row
+    blocks), ragged routing; the backend's own prepare tiles on sm90 and matches the twin."""
+    from nvfp4stack.kernels.base import MoeWeights, load_backends
+    from nvfp4stack.kernels.moe.hopper_w4a16 import tiles
+    from nvfp4stack.kernels.moe.hopper_w4a16.fused_moe import (
+        CANDIDATES, DECODE_CANDIDATES, decode_available, nvfp4_moe_forward_triton, pick_config, pick_decode,
+    )
+
+    g = _gen("cuda")
+    hidden, inter = 1024, 512  # 8 K steps of 128 in L1, 4 in L2; 77 tokens x 6 slots, one hot expert
+    x, w13, w2, wts, ids = _problem(g, experts=8, hidden=hidden, inter=inter, tokens=77, top_k=6)
+    t13, t2 = tiles.tile_experts(w13, w2)
+    decode = decode_available(x.device)
+    cfgs = CANDIDATES + tuple(pick_config(r) for r in (1, 32, 100, 1000))
+    if decode:
+        picked = [pick_decode(r, hidden, inter, x.device) for r in (1, 4, 8, 16, 32)]
+        cfgs += tuple(c for c in DECODE_CANDIDATES + tuple(p for p in picked if p)
+                      if c[0].fits(hidden, inter) and c[1].fits(hidden, inter))
+    failures = []
+    for cfg in cfgs:
+        rows = nvfp4_moe_forward_triton(x, w13, w2, wts, ids, swiglu_limit=LIMIT, config=cfg, poison=True)
+        tiled = nvfp4_moe_forward_triton(x, t13, t2, wts, ids, swiglu_limit=LIMIT, config=cfg, poison=True,
+                                         tiled=True)
+        if not (torch.isfinite(rows).all() and torch.equal(rows, tiled)):
+            failures.append(f"{cfg}: max |diff| {(rows.float() - tiled.float()).abs().max().item():.3e}")
+    assert not failures, "\n".join(failures)
+    xs, s13, s2, swts, sids = _problem(g, experts=4, hidden=256, inter=192, tokens=4, top_k=2)  # w2 K = 192
+    with pytest.raises(ValueError, match=r"w2: \[E, N, K\] = \[4, 256, 192\].*tiled=False"):
+        nvfp4_moe_forward_triton(xs, s13, s2, swts, sids, tiled=True)
+    load_backends()
+    prepared = MOE_BACKENDS.get("triton_w4a16").prepare(MoeWeights(w13, w2))
+    assert prepared.tiled == decode and (not decode or torch.equal(prepared.weights.w13.data, t13.data))
+    _check(x, w13, w2, wts, ids, label="tiled via prepare")

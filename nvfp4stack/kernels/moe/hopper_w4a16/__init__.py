@@ -6,5 +6,6 @@
 - warmup.py: compiles every binary a forward can launch, at load
 - torch_twin.py: the same MLP in fp32 torch on any device, the oracle of the kernels above
 - packed.py: ``PackedExperts``, what the ``torch_emulation`` and ``triton_w4a16`` backends prepare
+- tiles.py: the tile-contiguous layout of the packed expert bytes that triton_w4a16 prepares on sm90
 The backends themselves are ../torch_emulation.py and ../triton_w4a16.py.
 """

@@ -12,7 +12,8 @@ mma.sync fragment layouts, so nothing goes through shared memory.
 The K order inside one BK tile is permuted, identically for both operands (a dot product does
 not care): thread t of a lane quad owns the contiguous real columns [t*BK/4, (t+1)*BK/4), so
 its weight bytes (16 for BK=128) and its activations (64 bytes) are single wide loads from the
-unmodified NVFP4 layout, and its e4m3 scales are BK/64 whole 16-element blocks. No repacking.
+NVFP4 bytes (the checkpoint's row-major layout, or tiles.py's tile-contiguous one: the same bytes of a
+row in 64-byte pieces, ``TILED``), and its e4m3 scales are BK/64 whole 16-element blocks.
 
 L1 interleaves gate and up rows in each 16-row tile (rows 0-7 gate n..n+7, rows 8-15 up
 n..n+7), so a thread's accumulator holds gate and up of the same (n, token) and SwiGLU is
@@ -30,7 +31,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 # the PTX dequant (value * 2**-126 bf16 bits) of the Triton kernels, called from Gluon as is
-from nvfp4stack.kernels.moe.hopper_w4a16._triton_kernels import _block_expert, _e2m1x4_to_bf16
+from nvfp4stack.kernels.moe.hopper_w4a16._triton_kernels import _block_expert, _e2m1x4_to_bf16, _w_col0, _w_cols, _w_rows
 
 # tiles carry value * scale * 2**-8 (as in _triton_kernels); the epilogue multiplies it back
 _TILE_UNSCALE = gl.constexpr(256.0)
@@ -146,9 +147,10 @@ def _gemm_rows(
     K,
     MMA: gl.constexpr, W_BYTES: gl.constexpr, W_BLOCKS: gl.constexpr, X_L: gl.constexpr,
     ROWS: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, PREFETCH: gl.constexpr, W32_L: gl.constexpr,
+    TILED: gl.constexpr,
 ):
     S_L: gl.constexpr = gl.SliceLayout(2, W_BLOCKS)
-    offs_wb = gl.arange(0, BK // 2, layout=gl.SliceLayout(0, W_BYTES))
+    offs_wb = _w_cols(gl.arange(0, BK // 2, layout=gl.SliceLayout(0, W_BYTES)), TILED)
     offs_sb = gl.arange(0, BK // 16, layout=gl.SliceLayout(0, S_L))
     offs_xk = gl.arange(0, BK, layout=gl.SliceLayout(0, X_L))
     w_ptrs = gl.expand_dims(w_row_ptr, 1) + gl.expand_dims(offs_wb, 0)
@@ -159,19 +161,22 @@ def _gemm_rows(
     acc = gl.zeros([ROWS, BT], gl.float32, layout=MMA)
     if PREFETCH == 0:  # plain loads, latency hidden by occupancy only
         for k0 in range(0, K, BK):
-            w = gl.load(w_ptrs + k0 // 2)
+            w = gl.load(w_ptrs + _w_col0(k0 // 2, BK // 2, TILED))
             sc = _scales(gl.load(s_ptrs + k0 // 16))
             x = gl.load(x_ptrs + k0, mask=xm, other=0.0)
             acc = mma_v2(_dequant_a(w, sc, MMA, W_BLOCKS, ROWS, BK), _x_operand(x, MMA, BT, BK), acc)
     elif PREFETCH == 1:  # register prefetch: step k+1's words are loaded before step k's math
         W32: gl.constexpr = W32_L[0]
         w32_row = gl.convert_layout(w_row_ptr, gl.SliceLayout(1, W32)).to(gl.pointer_type(gl.int32), bitcast=True)
-        w32_ptrs = gl.expand_dims(w32_row, 1) + gl.expand_dims(gl.arange(0, BK // 8, layout=gl.SliceLayout(0, W32)), 0)
+        w32_ptrs = gl.expand_dims(w32_row, 1) + gl.expand_dims(_w_words(BK, gl.SliceLayout(0, W32), TILED), 0)
         w = gl.load(w32_ptrs)
         sc = gl.load(s_ptrs)
         for k0 in range(BK, K, BK):
             x = gl.load(x_ptrs + (k0 - BK), mask=xm, other=0.0)  # L2-resident: not prefetched
-            w_n = gl.load(w32_ptrs + k0 // 8)
+            w_off = k0 // 8
+            if TILED:
+                w_off = _w_word_step(k0 // BK, BK, TILED)
+            w_n = gl.load(w32_ptrs + w_off)
             sc_n = gl.load(s_ptrs + k0 // 16)
             a = _dequant_a(_bytes_of(w, W_BYTES, ROWS, BK), _scales(sc), MMA, W_BLOCKS, ROWS, BK)
             acc = mma_v2(a, _x_operand(x, MMA, BT, BK), acc)
@@ -181,6 +186,28 @@ def _gemm_rows(
         a = _dequant_a(_bytes_of(w, W_BYTES, ROWS, BK), _scales(sc), MMA, W_BLOCKS, ROWS, BK)
         acc = mma_v2(a, _x_operand(x, MMA, BT, BK), acc)
     return acc
+
+
+@gluon.jit
+def _w_words(BK: gl.constexpr, LAYOUT: gl.constexpr, TILED: gl.constexpr):
+    """Offsets of a K step's BK/8 weight words of a row relative to its first word (``_w_cols`` / 4, in
+    words so that the compiler keeps each 16-word atom row contiguous: vector copies need it)."""
+    c = gl.arange(0, BK // 8, layout=LAYOUT)
+    if TILED:
+        c = (c // 16) * 1024 + c % 16
+    return c
+
+
+@gluon.jit
+def _w_word_step(step, BK: gl.constexpr, TILED: gl.constexpr):
+    """Word offset of K step ``step`` (BK columns each) in a weight row, relative to its first word."""
+    off = step * (BK // 8)
+    if TILED:
+        if BK % 128 == 0:
+            off = step * (BK // 128 * 1024)
+        else:  # BK = 64: half an atom row
+            off = (step // 2) * 1024 + (step % 2) * 8
+    return off
 
 
 @gluon.jit
@@ -207,28 +234,31 @@ def _block_tokens(sorted_ids_ptr, t, num_slots, top_k):
 
 
 @gluon.jit
-def _l1_weight_rows(w_ptr, stride_we, stride_wn, s_ptr, stride_se, stride_sn, expert, n0, I,
-                    W_BYTES: gl.constexpr, W_BLOCKS: gl.constexpr, ROWS: gl.constexpr):
+def _l1_weight_rows(w_ptr, stride_we, stride_wn, s_ptr, stride_se, stride_sn, expert, n0, I, H,
+                    W_BYTES: gl.constexpr, W_BLOCKS: gl.constexpr, ROWS: gl.constexpr, TILED: gl.constexpr):
     """Row pointers of an L1 tile: tile row r -> gate row n0 + 8*(r//16) + r%8 (r%16 < 8) or the
-    matching up row, so that each accumulator thread holds gate and up of one (n, token)."""
+    matching up row, so that each accumulator thread holds gate and up of one (n, token); in the
+    tiled layout that row is stored as row 2*n0 + r (tiles.l1_row)."""
     S_L: gl.constexpr = gl.SliceLayout(2, W_BLOCKS)
     r_w = gl.arange(0, ROWS, layout=gl.SliceLayout(1, W_BYTES))
     r_s = gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_L))
     wrow_w = n0 + (r_w // 16) * 8 + r_w % 8 + ((r_w // 8) % 2) * I
     wrow_s = n0 + (r_s // 16) * 8 + r_s % 8 + ((r_s // 8) % 2) * I
-    w_row = w_ptr + expert * stride_we + wrow_w.to(gl.int64) * stride_wn
+    if TILED:
+        wrow_w = 2 * n0 + r_w
+    w_row = w_ptr + expert * stride_we + _w_rows(wrow_w.to(gl.int64), stride_wn, H, TILED)
     s_row = s_ptr + expert * stride_se + wrow_s.to(gl.int64) * stride_sn
     return w_row, s_row
 
 
 @gluon.jit
-def _l2_weight_rows(w_ptr, stride_we, stride_wn, s_ptr, stride_se, stride_sn, expert, n0,
-                    W_BYTES: gl.constexpr, W_BLOCKS: gl.constexpr, ROWS: gl.constexpr):
+def _l2_weight_rows(w_ptr, stride_we, stride_wn, s_ptr, stride_se, stride_sn, expert, n0, I,
+                    W_BYTES: gl.constexpr, W_BLOCKS: gl.constexpr, ROWS: gl.constexpr, TILED: gl.constexpr):
     """Row pointers of an L2 tile: rows n0 .. n0 + ROWS of the expert's w2."""
     S_L: gl.constexpr = gl.SliceLayout(2, W_BLOCKS)
     r_w = n0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, W_BYTES))
     r_s = n0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_L))
-    w_row = w_ptr + expert * stride_we + r_w.to(gl.int64) * stride_wn
+    w_row = w_ptr + expert * stride_we + _w_rows(r_w.to(gl.int64), stride_wn, I, TILED)
     s_row = s_ptr + expert * stride_se + r_s.to(gl.int64) * stride_sn
     return w_row, s_row
 
@@ -281,6 +311,7 @@ def l1_swiglu_decode_kernel(
     HAS_LIMIT: gl.constexpr,
     MMA: gl.constexpr, W_BYTES: gl.constexpr, W_BLOCKS: gl.constexpr, X_L: gl.constexpr,
     ROWS: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, PREFETCH: gl.constexpr, W32_L: gl.constexpr,
+    TILED: gl.constexpr,
 ):
     # grid: (I // (ROWS/2), token blocks); the fast axis walks n so that neighbours share x
     pid_n, pid_m = gl.program_id(0), gl.program_id(1)
@@ -295,9 +326,9 @@ def l1_swiglu_decode_kernel(
     tok, valid = _block_tokens(sorted_ids_ptr, offs_t, num_slots, top_k)
     x_row = x_ptr + tok * stride_xm
 
-    w_row, s_row = _l1_weight_rows(w_ptr, stride_we, stride_wn, s_ptr, stride_se, stride_sn, expert, n0, I,
-                                   W_BYTES, W_BLOCKS, ROWS)
-    acc = _gemm_rows(w_row, s_row, x_row, valid, H, MMA, W_BYTES, W_BLOCKS, X_L, ROWS, BT, BK, PREFETCH, W32_L)
+    w_row, s_row = _l1_weight_rows(w_ptr, stride_we, stride_wn, s_ptr, stride_se, stride_sn, expert, n0, I, H,
+                                   W_BYTES, W_BLOCKS, ROWS, TILED)
+    acc = _gemm_rows(w_row, s_row, x_row, valid, H, MMA, W_BYTES, W_BLOCKS, X_L, ROWS, BT, BK, PREFETCH, W32_L, TILED)
     _l1_epilogue(acc, gs_ptr, expert, out_ptr, stride_om, n0, pid_m, limit, HAS_LIMIT, MMA, ROWS, BT, 0)
 
 
@@ -308,6 +339,7 @@ def l2_decode_kernel(
     out_ptr, stride_om, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots, H, I,
     MMA: gl.constexpr, W_BYTES: gl.constexpr, W_BLOCKS: gl.constexpr, X_L: gl.constexpr,
     ROWS: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, PREFETCH: gl.constexpr, W32_L: gl.constexpr,
+    TILED: gl.constexpr,
 ):
     pid_n, pid_m = gl.program_id(0), gl.program_id(1)
     expert = _block_expert(expert_ids_ptr, num_padded_ptr, pid_m, BT)
@@ -318,20 +350,22 @@ def l2_decode_kernel(
     offs_t = pid_m * BT + gl.arange(0, BT, layout=gl.SliceLayout(1, X_L))
     # L1 wrote every row of this block (padding rows too): no token mask needed
     a_row = a_ptr + offs_t.to(gl.int64) * stride_am
-    w_row, s_row = _l2_weight_rows(w_ptr, stride_we, stride_wn, s_ptr, stride_se, stride_sn, expert, n0,
-                                   W_BYTES, W_BLOCKS, ROWS)
-    acc = _gemm_rows(w_row, s_row, a_row, offs_t >= 0, I, MMA, W_BYTES, W_BLOCKS, X_L, ROWS, BT, BK, PREFETCH, W32_L)
+    w_row, s_row = _l2_weight_rows(w_ptr, stride_we, stride_wn, s_ptr, stride_se, stride_sn, expert, n0, I,
+                                   W_BYTES, W_BLOCKS, ROWS, TILED)
+    acc = _gemm_rows(w_row, s_row, a_row, offs_t >= 0, I, MMA, W_BYTES, W_BLOCKS, X_L, ROWS, BT, BK, PREFETCH, W32_L,
+                     TILED)
     _l2_epilogue(acc, gs_ptr, expert, topk_w_ptr, out_ptr, stride_om, sorted_ids_ptr, num_slots, n0, pid_m,
                  MMA, ROWS, BT)
 
 
 def launch(cfg1, cfg2, l1_args: tuple, l2_args: tuple, nblocks: int, inter: int, hidden: int,
-           limit: float, has_limit: bool) -> None:
-    """Both GEMMs on (L1, L2) DecodeConfig tiles; args as fused_moe.nvfp4_moe_forward_triton builds them."""
+           limit: float, has_limit: bool, tiled: bool) -> None:
+    """Both GEMMs on (L1, L2) DecodeConfig tiles; args as fused_moe.nvfp4_moe_forward_triton builds them
+    (``tiled``: the weights in tiles.py's layout)."""
     def layouts(c) -> dict:
         mma, w_bytes, w_blocks, x_l, extra = decode_layouts(c.num_warps, c.mrep, c.block_t, c.block_k, c.prefetch)
         return dict(MMA=mma, W_BYTES=w_bytes, W_BLOCKS=w_blocks, X_L=x_l, ROWS=c.rows, BT=c.block_t,
-                    BK=c.block_k, PREFETCH=c.prefetch, W32_L=extra, num_warps=c.num_warps)
+                    BK=c.block_k, PREFETCH=c.prefetch, W32_L=extra, TILED=tiled, num_warps=c.num_warps)
 
     l1_swiglu_decode_kernel[(inter // (cfg1.rows // 2), nblocks)](*l1_args, limit, HAS_LIMIT=has_limit, **layouts(cfg1))
     l2_decode_kernel[(hidden // cfg2.rows, nblocks)](*l2_args, **layouts(cfg2))

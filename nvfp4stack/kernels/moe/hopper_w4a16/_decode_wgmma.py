@@ -29,7 +29,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from nvfp4stack.kernels.moe.hopper_w4a16._decode_gluon import (
     _block_slots, _block_tokens, _bytes_of, _dequant_a, _l1_epilogue, _l1_weight_rows, _l2_epilogue, _l2_weight_rows,
-    _scales, decode_layouts,
+    _scales, _w_word_step, _w_words, decode_layouts,
 )
 from nvfp4stack.kernels.moe.hopper_w4a16._triton_kernels import _block_expert
 
@@ -81,14 +81,14 @@ def _chunk_ready():
 def _chunk_steps(buf, acc, w, sc, w2, sc2, w32_ptrs, s_ptrs, step0, NSTEPS,
                  MMA: gl.constexpr, W_BYTES: gl.constexpr, W_BLOCKS: gl.constexpr,
                  ROWS: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, CS: gl.constexpr,
-                 PD: gl.constexpr, WAIT1: gl.constexpr):
+                 PD: gl.constexpr, WAIT1: gl.constexpr, TILED: gl.constexpr):
     """CS K steps on one staged chunk. The weights of step i + PD load before step i's dequant (w/sc
     hold step i, w2/sc2 step i + 1 where PD == 2). WAIT1: step i's wgmma stays in flight while step
     i + 1 dequantizes (its A registers kept alive to the next wait); all done by the chunk's end."""
     a_prev = gl.zeros([ROWS, BK], gl.bfloat16, layout=gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2))
     for s in gl.static_range(CS):
         nxt = gl.minimum(step0 + s + PD, NSTEPS - 1)  # the last steps reload the last one: harmless
-        w_n = gl.load(w32_ptrs + nxt * (BK // 8))
+        w_n = gl.load(w32_ptrs + _w_word_step(nxt, BK, TILED))
         sc_n = gl.load(s_ptrs + nxt * (BK // 16))
         a = _dequant_a(_bytes_of(w, W_BYTES, ROWS, BK), _scales(sc), MMA, W_BLOCKS, ROWS, BK)
         acc = warpgroup_mma(a, buf.slice(s * BT, BT, dim=0).permute((1, 0)), acc, is_async=True)
@@ -115,10 +115,10 @@ def _gemm_rows_wgmma(w_row_ptr, s_row_ptr, x_row_ptr, K,
                      MMA: gl.constexpr, W_BYTES: gl.constexpr, W_BLOCKS: gl.constexpr, W32: gl.constexpr,
                      SMEM: gl.constexpr, COPY: gl.constexpr,
                      ROWS: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, CS: gl.constexpr,
-                     PD: gl.constexpr, WAIT1: gl.constexpr):
+                     PD: gl.constexpr, WAIT1: gl.constexpr, TILED: gl.constexpr):
     S_L: gl.constexpr = gl.SliceLayout(2, W_BLOCKS)
     w32_row = gl.convert_layout(w_row_ptr, gl.SliceLayout(1, W32)).to(gl.pointer_type(gl.int32), bitcast=True)
-    w32_ptrs = gl.expand_dims(w32_row, 1) + gl.expand_dims(gl.arange(0, BK // 8, layout=gl.SliceLayout(0, W32)), 0)
+    w32_ptrs = gl.expand_dims(w32_row, 1) + gl.expand_dims(_w_words(BK, gl.SliceLayout(0, W32), TILED), 0)
     s_ptrs = gl.expand_dims(s_row_ptr, 1) + gl.expand_dims(gl.arange(0, BK // 16, layout=gl.SliceLayout(0, S_L)), 0)
 
     # chunk row r = step * BT + token: x_row_ptr [CS*BT] (SliceLayout(1, COPY)) holds token r % BT's
@@ -131,7 +131,7 @@ def _gemm_rows_wgmma(w_row_ptr, s_row_ptr, x_row_ptr, K,
     w = gl.load(w32_ptrs)
     sc = gl.load(s_ptrs)
     if PD == 2:
-        w2 = gl.load(w32_ptrs + BK // 8)
+        w2 = gl.load(w32_ptrs + _w_word_step(1, BK, TILED))
         sc2 = gl.load(s_ptrs + BK // 16)
     else:
         w2 = w
@@ -141,23 +141,23 @@ def _gemm_rows_wgmma(w_row_ptr, s_row_ptr, x_row_ptr, K,
         _chunk_ready()  # chunk c0 in buf_a; every warp is done with buf_b
         _copy_chunk(buf_b, x_ptrs, (c0 + CS) * BK)
         acc, w, sc, w2, sc2 = _chunk_steps(buf_a, acc, w, sc, w2, sc2, w32_ptrs, s_ptrs, c0, NSTEPS,
-                                           MMA, W_BYTES, W_BLOCKS, ROWS, BT, BK, CS, PD, WAIT1)
+                                           MMA, W_BYTES, W_BLOCKS, ROWS, BT, BK, CS, PD, WAIT1, TILED)
         _chunk_ready()  # chunk c0 + CS in buf_b; every warp is done with buf_a
         if c0 + 2 * CS < NSTEPS:
             _copy_chunk(buf_a, x_ptrs, (c0 + 2 * CS) * BK)
         acc, w, sc, w2, sc2 = _chunk_steps(buf_b, acc, w, sc, w2, sc2, w32_ptrs, s_ptrs, c0 + CS, NSTEPS,
-                                           MMA, W_BYTES, W_BLOCKS, ROWS, BT, BK, CS, PD, WAIT1)
+                                           MMA, W_BYTES, W_BLOCKS, ROWS, BT, BK, CS, PD, WAIT1, TILED)
     return acc
 
 
 @gluon.jit
-def _ring_issue(step, NSTEPS, w_slot, x_slot, w32_ptrs, x_step_ptrs, x_mask, BK: gl.constexpr):
+def _ring_issue(step, NSTEPS, w_slot, x_slot, w32_ptrs, x_step_ptrs, x_mask, BK: gl.constexpr, TILED: gl.constexpr):
     """One cp.async group: K step ``step``'s weight words and token tile into one ring slot
     (an empty group past the last step, so that the group count stays uniform). Padding token rows
     (x_mask false) are zero-filled, not read: a 32-token tile at 16 rows per expert is half padding,
     and reading it cost the 32-token ring 9-18% (bench/moe_kernel_notes.md, ninth pass)."""
     if step < NSTEPS:
-        async_copy.async_copy_global_to_shared(w_slot, w32_ptrs + step * (BK // 8))
+        async_copy.async_copy_global_to_shared(w_slot, w32_ptrs + _w_word_step(step, BK, TILED))
         async_copy.async_copy_global_to_shared(x_slot, x_step_ptrs + step * BK, mask=x_mask)
     async_copy.commit_group()
 
@@ -166,7 +166,7 @@ def _ring_issue(step, NSTEPS, w_slot, x_slot, w32_ptrs, x_step_ptrs, x_mask, BK:
 def _gemm_rows_ring(w_row_ptr, s_row_ptr, x_row_ptr, x_valid, K,
                     MMA: gl.constexpr, W_BYTES: gl.constexpr, W_BLOCKS: gl.constexpr, W32: gl.constexpr,
                     SMEM: gl.constexpr, SC: gl.constexpr, XC: gl.constexpr,
-                    ROWS: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, D: gl.constexpr):
+                    ROWS: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, D: gl.constexpr, TILED: gl.constexpr):
     """Weights and token tiles through one cp.async ring of S = D + 1 slots, D K steps in flight,
     nothing loaded into registers from global memory inside the loop (the proxy fence of every
     step would wait for such loads). The loop is unrolled by S so that every slot index is static:
@@ -183,7 +183,7 @@ def _gemm_rows_ring(w_row_ptr, s_row_ptr, x_row_ptr, x_valid, K,
     SR: gl.constexpr = S * (BK // 16)  # scale bytes per row and round
     S_L: gl.constexpr = gl.SliceLayout(2, W_BLOCKS)
     w32_row = gl.convert_layout(w_row_ptr, gl.SliceLayout(1, W32)).to(gl.pointer_type(gl.int32), bitcast=True)
-    w32_ptrs = gl.expand_dims(w32_row, 1) + gl.expand_dims(gl.arange(0, BK // 8, layout=gl.SliceLayout(0, W32)), 0)
+    w32_ptrs = gl.expand_dims(w32_row, 1) + gl.expand_dims(_w_words(BK, gl.SliceLayout(0, W32), TILED), 0)
     sc_row = gl.convert_layout(s_row_ptr, gl.SliceLayout(1, SC))
     sc_ptrs = gl.expand_dims(sc_row, 1) + gl.expand_dims(gl.arange(0, SR, layout=gl.SliceLayout(0, SC)), 0)
     k_x = gl.expand_dims(gl.arange(0, BK, layout=gl.SliceLayout(0, XC)), 0)
@@ -196,7 +196,7 @@ def _gemm_rows_ring(w_row_ptr, s_row_ptr, x_row_ptr, x_valid, K,
     NSTEPS = K // BK
     async_copy.async_copy_global_to_shared(s_rounds.index(0), sc_ptrs)  # round 0, in step 0's group
     for j in gl.static_range(D):
-        _ring_issue(j, NSTEPS, w_ring.index(j), x_ring.index(j), w32_ptrs, x_step_ptrs, x_mask, BK)
+        _ring_issue(j, NSTEPS, w_ring.index(j), x_ring.index(j), w32_ptrs, x_step_ptrs, x_mask, BK, TILED)
     acc = gl.zeros([ROWS, BT], gl.float32, layout=MMA)
     for i0 in range(0, NSTEPS, S):
         r = i0 // S
@@ -208,7 +208,7 @@ def _gemm_rows_ring(w_row_ptr, s_row_ptr, x_row_ptr, x_valid, K,
                 if i0 + S < NSTEPS:
                     async_copy.async_copy_global_to_shared(s_rounds.index((r + 1) % 2), sc_ptrs + (i0 + S) * (BK // 16))
             _ring_issue(i0 + s + D, NSTEPS, w_ring.index((s + D) % S), x_ring.index((s + D) % S), w32_ptrs,
-                        x_step_ptrs, x_mask, BK)
+                        x_step_ptrs, x_mask, BK, TILED)
             w = w_ring.index(s).load(W32)
             sc = s_rounds.index(r % 2).slice(s * (BK // 16), BK // 16, dim=1).load(S_L)
             a = _dequant_a(_bytes_of(w, W_BYTES, ROWS, BK), _scales(sc), MMA, W_BLOCKS, ROWS, BK)
@@ -229,6 +229,7 @@ def l1_swiglu_wgmma_kernel(
     SMEM: gl.constexpr, COPY: gl.constexpr,
     ROWS: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, CS: gl.constexpr, BKO: gl.constexpr,
     PD: gl.constexpr, WAIT1: gl.constexpr, RING: gl.constexpr, XC: gl.constexpr, SC: gl.constexpr,
+    TILED: gl.constexpr,
 ):
     pid_n, pid_m = gl.program_id(0), gl.program_id(1)
     expert = _block_expert(expert_ids_ptr, num_padded_ptr, pid_m, BT)
@@ -237,19 +238,20 @@ def l1_swiglu_wgmma_kernel(
     HALF: gl.constexpr = ROWS // 2
     n0 = pid_n * HALF
 
-    w_row, s_row = _l1_weight_rows(w_ptr, stride_we, stride_wn, s_ptr, stride_se, stride_sn, expert, n0, I,
-                                   W_BYTES, W_BLOCKS, ROWS)
+    w_row, s_row = _l1_weight_rows(w_ptr, stride_we, stride_wn, s_ptr, stride_se, stride_sn, expert, n0, I, H,
+                                   W_BYTES, W_BLOCKS, ROWS, TILED)
     # token rows (padding slots: token 0 in the staged variants, zeros in the ring; never combined)
     if RING:
         t = gl.arange(0, BT, layout=gl.SliceLayout(1, XC))
         tok, valid = _block_tokens(sorted_ids_ptr, pid_m * BT + t, num_slots, top_k)
         acc = _gemm_rows_ring(w_row, s_row, x_ptr + tok * stride_xm, valid, H, MMA, W_BYTES, W_BLOCKS, W32, SMEM, SC, XC,
-                              ROWS, BT, BK, PD)
+                              ROWS, BT, BK, PD, TILED)
     else:  # chunk row r = step * BT + token
         r = gl.arange(0, CS * BT, layout=gl.SliceLayout(1, COPY))
         tok, _ = _block_tokens(sorted_ids_ptr, pid_m * BT + r % BT, num_slots, top_k)
         x_row = x_ptr + tok * stride_xm + (r // BT) * BK
-        acc = _gemm_rows_wgmma(w_row, s_row, x_row, H, MMA, W_BYTES, W_BLOCKS, W32, SMEM, COPY, ROWS, BT, BK, CS, PD, WAIT1)
+        acc = _gemm_rows_wgmma(w_row, s_row, x_row, H, MMA, W_BYTES, W_BLOCKS, W32, SMEM, COPY, ROWS, BT, BK, CS, PD, WAIT1,
+                               TILED)
     _l1_epilogue(acc, gs_ptr, expert, out_ptr, stride_om, n0, pid_m, limit, HAS_LIMIT, MMA, ROWS, BT, BKO)
 
 
@@ -262,6 +264,7 @@ def l2_wgmma_kernel(
     SMEM: gl.constexpr, COPY: gl.constexpr,
     ROWS: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, CS: gl.constexpr,
     PD: gl.constexpr, WAIT1: gl.constexpr, RING: gl.constexpr, XC: gl.constexpr, SC: gl.constexpr,
+    TILED: gl.constexpr,
 ):
     pid_n, pid_m = gl.program_id(0), gl.program_id(1)
     expert = _block_expert(expert_ids_ptr, num_padded_ptr, pid_m, BT)
@@ -269,32 +272,34 @@ def l2_wgmma_kernel(
         return
     n0 = pid_n * ROWS
 
-    w_row, s_row = _l2_weight_rows(w_ptr, stride_we, stride_wn, s_ptr, stride_se, stride_sn, expert, n0,
-                                   W_BYTES, W_BLOCKS, ROWS)
+    w_row, s_row = _l2_weight_rows(w_ptr, stride_we, stride_wn, s_ptr, stride_se, stride_sn, expert, n0, I,
+                                   W_BYTES, W_BLOCKS, ROWS, TILED)
     # L1 wrote every row of this block (padding rows too); the ring reads only the valid ones
     if RING:
         t = pid_m * BT + gl.arange(0, BT, layout=gl.SliceLayout(1, XC))
         _, valid = _block_slots(sorted_ids_ptr, t, num_slots)
         acc = _gemm_rows_ring(w_row, s_row, a_ptr + t.to(gl.int64) * stride_am, valid, I, MMA, W_BYTES, W_BLOCKS, W32,
-                              SMEM, SC, XC, ROWS, BT, BK, PD)
+                              SMEM, SC, XC, ROWS, BT, BK, PD, TILED)
     else:  # chunk row r = step * BT + token
         r = gl.arange(0, CS * BT, layout=gl.SliceLayout(1, COPY))
         x_row = a_ptr + (pid_m * BT + r % BT).to(gl.int64) * stride_am + (r // BT) * BK
-        acc = _gemm_rows_wgmma(w_row, s_row, x_row, I, MMA, W_BYTES, W_BLOCKS, W32, SMEM, COPY, ROWS, BT, BK, CS, PD, WAIT1)
+        acc = _gemm_rows_wgmma(w_row, s_row, x_row, I, MMA, W_BYTES, W_BLOCKS, W32, SMEM, COPY, ROWS, BT, BK, CS, PD, WAIT1,
+                               TILED)
     _l2_epilogue(acc, gs_ptr, expert, topk_w_ptr, out_ptr, stride_om, sorted_ids_ptr, num_slots, n0, pid_m,
                  MMA, ROWS, BT)
 
 
 def launch(cfg1, cfg2, l1_args: tuple, l2_args: tuple, nblocks: int, inter: int, hidden: int,
-           limit: float, has_limit: bool) -> None:
-    """Both GEMMs on (L1, L2) wgmma DecodeConfig tiles; l1_args carry x already K-permuted for cfg1."""
+           limit: float, has_limit: bool, tiled: bool) -> None:
+    """Both GEMMs on (L1, L2) wgmma DecodeConfig tiles; l1_args carry x already K-permuted for cfg1
+    (``tiled``: the weights in tiles.py's layout)."""
     def consts(c, k: int) -> dict:
         cs = c.chunk_steps(k)
         mma, w_bytes, w_blocks, w32, smem, copy, xc, sc = wgmma_layouts(c.num_warps, c.mrep, c.block_t, c.block_k, cs,
                                                                         c.ring_slots)
         return dict(MMA=mma, W_BYTES=w_bytes, W_BLOCKS=w_blocks, W32=w32, SMEM=smem, COPY=copy, XC=xc, SC=sc, ROWS=c.rows,
                     BT=c.block_t, BK=c.block_k, CS=cs, PD=c.prefetch, WAIT1=c.wgmma == 2, RING=c.wgmma == 3,
-                    num_warps=c.num_warps)
+                    TILED=tiled, num_warps=c.num_warps)
 
     l1_swiglu_wgmma_kernel[(inter // (cfg1.rows // 2), nblocks)](
         *l1_args, limit, HAS_LIMIT=has_limit, BKO=cfg2.block_k, **consts(cfg1, hidden))

@@ -45,6 +45,67 @@ def _block_expert(expert_ids_ptr, num_padded_ptr, pid_m, BM: tl.constexpr):
 
 
 @triton.jit
+def _w_rows(t, stride_wn, K, TILED: tl.constexpr):
+    """Byte offset within one expert of weight storage row ``t`` (int64, K codes per row): ``t * stride_wn``
+    row-major, else its 64-row atom block and its place in the atom (tiles.py; ``t`` counts rows in
+    the tiled order, for w13 tiles.l1_row's). Shared by the Triton and the Gluon kernels."""
+    off = t * stride_wn
+    if TILED:
+        off = (t // 64) * (32 * K) + (t % 64) * 64
+    return off
+
+
+@triton.jit
+def _w_cols(kb, TILED: tl.constexpr):
+    """Byte offset of byte ``kb`` of a weight row relative to the row's first byte: ``kb`` row-major,
+    else its 64-byte atom (4096 bytes apart along K) plus its place in it (tiles.py).
+    _w_cols(a + o) == _w_cols(a) + _w_cols(o) wherever a % 64 + o < 64 or a % 64 == 0, so a K step's
+    offset and the offsets within the step add."""
+    off = kb
+    if TILED:
+        off = (kb // 64) * 4096 + kb % 64
+    return off
+
+
+@triton.jit
+def _w_col0(kb, STEP: tl.constexpr, TILED: tl.constexpr):
+    """``_w_cols(kb)`` for the first byte ``kb`` of a K step of STEP bytes (kb a multiple of STEP, STEP a
+    multiple of 32), written so that the compiler sees its alignment (without it, vector loads split
+    into byte loads)."""
+    off = kb
+    if TILED:
+        if STEP % 64 == 0:
+            off = (kb // 64) * 4096
+        else:
+            off = (kb // 64) * 4096 + ((kb // 32) % 2) * 32
+    return off
+
+
+@triton.jit
+def _w_step(k0, BK: tl.constexpr, TILED: tl.constexpr):
+    """What a weight pointer at K column k0 (a multiple of BK) adds to reach column k0 + BK."""
+    step = BK // 2
+    if TILED:
+        if BK % 128 == 0:
+            step = (BK // 128) * 4096
+        else:  # BK = 64: the second half of an atom, or the next atom's start
+            step = tl.where((k0 // 64) % 2 == 1, 4096 - 32, 32)
+    return step
+
+
+@triton.jit
+def _l1_storage_rows(n, I, TILED: tl.constexpr):
+    """(gate, up) storage rows of w13 for intermediate columns ``n`` (int64): n and I + n row-major,
+    else tiles.l1_storage_row's (8 gate then the same 8 up rows in each 16)."""
+    gate = n
+    up = n + I
+    if TILED:
+        gate = (n // 8) * 16 + n % 8
+        up = gate + 8
+    return gate, up
+
+
+@triton.jit
 def _e2m1x4_to_bf16(packed):
     """uint8 [..] -> (even-k, odd-k) bf16 [..]: each nibble's bf16 bits, value * 2**-126.
 
@@ -119,7 +180,7 @@ def _dequant_tile(w_ptrs, s_ptrs, mask_n, BN: tl.constexpr, BK: tl.constexpr, DE
 @triton.jit(do_not_specialize=_PER_CALL)
 def l1_swiglu_kernel(
     x_ptr, stride_xm,  # [T, H] bf16
-    w_ptr, stride_we, stride_wn,  # [E, 2I, H/2] uint8
+    w_ptr, stride_we, stride_wn,  # [E, 2I, H/2] uint8 (TILED: in tiles.py's layout, stride_wn unused)
     s_ptr, stride_se, stride_sn,  # [E, 2I, H/16] uint8
     gs_ptr,  # [E] fp32
     out_ptr, stride_om,  # [max_padded, I] bf16, rows in sorted-slot order
@@ -127,7 +188,7 @@ def l1_swiglu_kernel(
     num_slots, top_k, I, H, max_blocks, limit,
     HAS_LIMIT: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-    DEQ: tl.constexpr,
+    DEQ: tl.constexpr, TILED: tl.constexpr = False,
 ):
     pid_m, pid_n = _grouped_pid(BM, BN, I, max_blocks, GROUP_M)
     expert = _block_expert(expert_ids_ptr, num_padded_ptr, pid_m, BM)
@@ -146,8 +207,9 @@ def l1_swiglu_kernel(
     x_ptrs = x_ptr + tok[:, None] * stride_xm + offs_k[None, :]
     w_base = w_ptr + expert * stride_we
     s_base = s_ptr + expert * stride_se
-    wg_ptrs = w_base + offs_n[:, None].to(tl.int64) * stride_wn + offs_kp[None, :]
-    wu_ptrs = w_base + (offs_n[:, None] + I).to(tl.int64) * stride_wn + offs_kp[None, :]
+    t_gate, t_up = _l1_storage_rows(offs_n.to(tl.int64), I, TILED)
+    wg_ptrs = w_base + _w_rows(t_gate, stride_wn, H, TILED)[:, None] + _w_cols(offs_kp, TILED)[None, :]
+    wu_ptrs = w_base + _w_rows(t_up, stride_wn, H, TILED)[:, None] + _w_cols(offs_kp, TILED)[None, :]
     sg_ptrs = s_base + offs_n[:, None].to(tl.int64) * stride_sn + offs_ks[None, :]
     su_ptrs = s_base + (offs_n[:, None] + I).to(tl.int64) * stride_sn + offs_ks[None, :]
 
@@ -158,8 +220,8 @@ def l1_swiglu_kernel(
         acc_g = tl.dot(x, tl.trans(_dequant_tile(wg_ptrs, sg_ptrs, mask_n, BN, BK, DEQ)), acc_g)
         acc_u = tl.dot(x, tl.trans(_dequant_tile(wu_ptrs, su_ptrs, mask_n, BN, BK, DEQ)), acc_u)
         x_ptrs += BK
-        wg_ptrs += BK // 2
-        wu_ptrs += BK // 2
+        wg_ptrs += _w_step(k0, BK, TILED)
+        wu_ptrs += _w_step(k0, BK, TILED)
         sg_ptrs += BK // 16
         su_ptrs += BK // 16
 
@@ -179,7 +241,7 @@ def l1_swiglu_kernel(
 @triton.jit(do_not_specialize=_PER_CALL)
 def l2_combine_kernel(
     a_ptr, stride_am,  # [max_padded, I] bf16 from l1_swiglu_kernel
-    w_ptr, stride_we, stride_wn,  # [E, H, I/2] uint8
+    w_ptr, stride_we, stride_wn,  # [E, H, I/2] uint8 (TILED: in tiles.py's layout, stride_wn unused)
     s_ptr, stride_se, stride_sn,  # [E, H, I/16] uint8
     gs_ptr,  # [E] fp32
     topk_w_ptr,  # [T*k] fp32
@@ -187,7 +249,7 @@ def l2_combine_kernel(
     sorted_ids_ptr, expert_ids_ptr, num_padded_ptr,
     num_slots, H, I, max_blocks,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-    DEQ: tl.constexpr,
+    DEQ: tl.constexpr, TILED: tl.constexpr = False,
 ):
     pid_m, pid_n = _grouped_pid(BM, BN, H, max_blocks, GROUP_M)
     expert = _block_expert(expert_ids_ptr, num_padded_ptr, pid_m, BM)
@@ -204,7 +266,8 @@ def l2_combine_kernel(
 
     # L1 wrote every row of this block (padding rows are zeros): no row mask needed
     a_ptrs = a_ptr + offs_m[:, None].to(tl.int64) * stride_am + offs_k[None, :]
-    w_ptrs = w_ptr + expert * stride_we + offs_n[:, None].to(tl.int64) * stride_wn + offs_kp[None, :]
+    w_ptrs = (w_ptr + expert * stride_we + _w_rows(offs_n.to(tl.int64), stride_wn, I, TILED)[:, None]
+              + _w_cols(offs_kp, TILED)[None, :])
     s_ptrs = s_ptr + expert * stride_se + offs_n[:, None].to(tl.int64) * stride_sn + offs_ks[None, :]
 
     acc = tl.zeros((BM, BN), dtype=tl.float32)
@@ -212,7 +275,7 @@ def l2_combine_kernel(
         a = tl.load(a_ptrs)
         acc = tl.dot(a, tl.trans(_dequant_tile(w_ptrs, s_ptrs, mask_n, BN, BK, DEQ)), acc)
         a_ptrs += BK
-        w_ptrs += BK // 2
+        w_ptrs += _w_step(k0, BK, TILED)
         s_ptrs += BK // 16
 
     gs = tl.load(gs_ptr + expert) * _TILE_UNSCALE

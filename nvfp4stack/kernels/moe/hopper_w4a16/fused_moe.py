@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from nvfp4stack.kernels.moe.hopper_w4a16 import tiles
 from nvfp4stack.kernels.moe.hopper_w4a16.routing_triton import align_routing
 from nvfp4stack.kernels.moe.hopper_w4a16.torch_twin import check_moe_args
 
@@ -166,7 +167,8 @@ DECODE_MAX_ROWS_PER_EXPERT = 32
 #   tiles, K steps a multiple of 4) fall back to that pair: 16 tokens, L1 2 warps x 2 m-tiles x
 #   BK=128, L2 4 warps (20-25% less time than 8-token blocks at 8 rows). Since the ring's scales
 #   arrive four K steps at a time in 16-byte copies (not 8 bytes a step), 8 rows take 362-380 us
-#   at Flash 64 (3.0x bf16) and 668-716 at Pro 48 (H200, 2026-11-25 evening, bench/RESULTS.md).
+#   at Flash 64 (3.0x bf16) and 668-716 at Pro 48 (H200, 2026-11-25 evening, bench/RESULTS.md); with the
+#   expert bytes in tiles.py's layout (what triton_w4a16 prepares on sm90) 349-352 and 640-648 us.
 _DECODE_FEW = (DecodeConfig(block_t=8, mrep=1, block_k=256, num_warps=8, prefetch=0),
                DecodeConfig(block_t=8, mrep=2, block_k=128, num_warps=4, prefetch=1))
 _DECODE_T8 = (DecodeConfig(block_t=8, mrep=2, block_k=256, num_warps=4, prefetch=0),) * 2
@@ -296,6 +298,7 @@ def nvfp4_moe_forward_triton(
     poison: bool = False,
     mode: str = "auto",
     fp8_weights: "Fp8ExpertWeights | None" = None,
+    tiled: bool = False,
 ) -> torch.Tensor:
     """Same function as torch_twin.nvfp4_moe_forward with bf16 activations.
 
@@ -306,6 +309,8 @@ def nvfp4_moe_forward_triton(
     ``mode``: 'w4a16', 'fp8' (FP8 tensor-core prefill on ``fp8_weights``, built once at load by
     fp8_prefill.prepare_fp8_experts) or 'auto' (fp8 from FP8_MIN_ROWS_PER_EXPERT routed rows per
     expert when ``fp8_weights`` is given, else w4a16).
+    ``tiled``: w13/w2 hold their bytes in tiles.py's tile-contiguous layout (tiles.tile_experts; what
+    the backend prepares on sm90), not the checkpoint's row-major one. Scales stay row-major.
     """
     from nvfp4stack.kernels.moe.hopper_w4a16 import fp8_prefill
 
@@ -315,6 +320,9 @@ def nvfp4_moe_forward_triton(
             f"triton_w4a16: x is on {x.device}, expected a CUDA tensor; "
             "use backend.moe=torch_emulation on CPU"
         )
+    if tiled:
+        tiles.check_fits(w13.data, "w13")
+        tiles.check_fits(w2.data, "w2")
     tokens, top_k = topk_ids.shape
     out_dtype = x.dtype
     xb = x.to(torch.bfloat16).contiguous()
@@ -363,20 +371,21 @@ def nvfp4_moe_forward_triton(
         # L1 writes h in L2's
         x_perm = xb.index_select(1, k_permutation_on(hidden, cfg1.block_k, x.device))
         _decode_wgmma.launch(cfg1, cfg2, (x_perm, *l1_args[1:]), l2_args, routing.max_blocks, inter, hidden, limit,
-                             has_limit)
+                             has_limit, tiled)
         return _topk_sum(rows, tokens, top_k, hidden, out_dtype)
     if decode:
         from nvfp4stack.kernels.moe.hopper_w4a16 import _decode_gluon
 
-        _decode_gluon.launch(cfg1, cfg2, l1_args, l2_args, routing.max_blocks, inter, hidden, limit, has_limit)
+        _decode_gluon.launch(cfg1, cfg2, l1_args, l2_args, routing.max_blocks, inter, hidden, limit, has_limit, tiled)
         return _topk_sum(rows, tokens, top_k, hidden, out_dtype)
 
     from nvfp4stack.kernels.moe.hopper_w4a16._triton_kernels import l1_swiglu_kernel, l2_combine_kernel
 
     grid1 = (routing.max_blocks * triton_cdiv(inter, cfg1.block_n),)
-    l1_swiglu_kernel[grid1](*l1_args, routing.max_blocks, limit, HAS_LIMIT=has_limit, **cfg1.launch_args(hidden))
+    l1_swiglu_kernel[grid1](*l1_args, routing.max_blocks, limit, HAS_LIMIT=has_limit, TILED=tiled,
+                            **cfg1.launch_args(hidden))
     grid2 = (routing.max_blocks * triton_cdiv(hidden, cfg2.block_n),)
-    l2_combine_kernel[grid2](*l2_args, routing.max_blocks, **cfg2.launch_args(inter))
+    l2_combine_kernel[grid2](*l2_args, routing.max_blocks, TILED=tiled, **cfg2.launch_args(inter))
     return _topk_sum(rows, tokens, top_k, hidden, out_dtype)
 
 

@@ -13,11 +13,14 @@ from nvfp4stack.kernels.moe.hopper_w4a16.fp8_prefill import Fp8ExpertWeights
 
 @dataclass(frozen=True)
 class PackedExperts:
-    """The checkpoint's packed experts as they are (no copy, no shuffle), plus the FP8 prefill
-    copy of triton_w4a16 where it was asked for (``fp8``, +1 byte per weight)."""
+    """The checkpoint's packed experts, plus the FP8 prefill copy of triton_w4a16 where it was asked
+    for (``fp8``, +1 byte per weight). As they are (no copy, no shuffle), except where ``tiled``: then
+    the packed bytes of w13/w2 are in tiles.py's tile-contiguous layout, which only the W4A16 kernels
+    read (triton_w4a16 on sm90); scales and global scales stay as the checkpoint has them."""
 
     weights: MoeWeights
     fp8: Fp8ExpertWeights | None = None
+    tiled: bool = False
 
     def op_tensors(self) -> tuple[Optional[torch.Tensor], ...]:
         """The tensors an opaque custom op carries, in ``from_op_tensors``' order (NVFP4 experts)."""
@@ -34,10 +37,11 @@ class PackedExperts:
                         w2_data: torch.Tensor, w2_scale: torch.Tensor, w2_gs: torch.Tensor,
                         a13_scale: Optional[torch.Tensor], a2_scale: Optional[torch.Tensor],
                         fp8_w13: Optional[torch.Tensor], fp8_w13_scale: Optional[torch.Tensor],
-                        fp8_w2: Optional[torch.Tensor], fp8_w2_scale: Optional[torch.Tensor]) -> PackedExperts:
+                        fp8_w2: Optional[torch.Tensor], fp8_w2_scale: Optional[torch.Tensor],
+                        tiled: bool = False) -> PackedExperts:
         """Inverse of ``op_tensors``: views on the same storage."""
         e, two_i, h_half = w13_data.shape  # packed: 2 E2M1 codes per byte
         w13 = Nvfp4Tensor(w13_data, w13_scale, w13_gs, (e, two_i, h_half * 2))
         w2 = Nvfp4Tensor(w2_data, w2_scale, w2_gs, (e, h_half * 2, two_i // 2))
         fp8 = Fp8ExpertWeights(fp8_w13, fp8_w13_scale, fp8_w2, fp8_w2_scale) if fp8_w13 is not None else None
-        return cls(MoeWeights(w13, w2, a13_scale, a2_scale), fp8)
+        return cls(MoeWeights(w13, w2, a13_scale, a2_scale), fp8, tiled)

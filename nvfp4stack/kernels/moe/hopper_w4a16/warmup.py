@@ -50,7 +50,8 @@ def warmup_token_counts(top_k: int, num_experts: int, hidden: int, inter: int, m
 
 
 def warm_up(w13: Nvfp4Tensor, w2: Nvfp4Tensor, top_k: int, max_tokens: int, *,
-            swiglu_limit: float | None, fp8_weights: "fp8_prefill.Fp8ExpertWeights | None" = None) -> list[int]:
+            swiglu_limit: float | None, fp8_weights: "fp8_prefill.Fp8ExpertWeights | None" = None,
+            tiled: bool = False) -> list[int]:
     """Run the forward once per distinct launch key up to ``max_tokens`` on these weights (random
     activations, routing spread over all experts); returns the token counts run ([] when an
     earlier layer of the same shapes already did it in this process)."""
@@ -58,7 +59,7 @@ def warm_up(w13: Nvfp4Tensor, w2: Nvfp4Tensor, top_k: int, max_tokens: int, *,
     num_experts, two_i, hidden = w13.shape
     inter = two_i // 2
     key = (str(device), tuple(w13.shape), tuple(w2.shape), top_k, max_tokens, swiglu_limit is None,
-           fp8_weights is None)
+           fp8_weights is None, tiled)
     if key in _WARMED or device.type != "cuda":
         return []
     counts = warmup_token_counts(top_k, num_experts, hidden, inter, max_tokens,
@@ -70,7 +71,7 @@ def warm_up(w13: Nvfp4Tensor, w2: Nvfp4Tensor, top_k: int, max_tokens: int, *,
         ids = (torch.arange(t * top_k, device=device, dtype=torch.int32) % num_experts).view(t, top_k)
         weights = torch.full((t, top_k), 1.0 / top_k, device=device, dtype=torch.float32)
         nvfp4_moe_forward_triton(x, w13, w2, weights, ids, swiglu_limit=swiglu_limit, mode="auto",
-                                 fp8_weights=fp8_weights)
+                                 fp8_weights=fp8_weights, tiled=tiled)
     torch.cuda.synchronize(device)
     _WARMED.add(key)
     log.info("triton_w4a16: compiled the MoE kernels for %d launch configurations (token counts %s, "

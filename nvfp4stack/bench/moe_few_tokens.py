@@ -72,8 +72,10 @@ def token_counts(tokens: str, rows: str | None, experts: int, top_k: int) -> lis
 
 
 def main(argv: list[str] | None = None) -> int:
+    from nvfp4stack.kernels.base import MoeWeights
     from nvfp4stack.kernels.moe.hopper_w4a16 import fused_moe as tw
     from nvfp4stack.kernels.moe.hopper_w4a16 import tiles
+    from nvfp4stack.kernels.moe.triton_w4a16 import TritonW4A16Moe
 
     a = parser().parse_args(argv)
     if not torch.cuda.is_available():
@@ -90,8 +92,12 @@ def main(argv: list[str] | None = None) -> int:
     per_expert_bytes = sum((t.data[0].numel() + t.scale[0].numel()) for t in (w13, w2))
     print(f"{a.shape} {hidden}x{inter}, {e} experts, top-{k}, seed={seed}, {torch.cuda.get_device_name()}")
     cands = [c for c in tw.DECODE_CANDIDATES if c[0].fits(hidden, inter)] if a.sweep else []
-    tiled = a.layout == "tiles" or (a.layout == "auto" and tw.decode_available(dev) and tiles.experts_fit(w13, w2))
-    k13, k2 = tiles.tile_experts(w13, w2) if tiled else (w13, w2)  # what our kernels read
+    if a.layout == "auto":  # what our kernels read in the engine: triton_w4a16's prepare on this GPU
+        prepared = TritonW4A16Moe.prepare(MoeWeights(w13, w2))
+        k13, k2, tiled = prepared.weights.w13, prepared.weights.w2, prepared.tiled
+    else:
+        tiled = a.layout == "tiles"
+        k13, k2 = tiles.tile_experts(w13, w2) if tiled else (w13, w2)
     print(f"our kernels' weight layout: {'tiles' if tiled else 'rows'} (--layout {a.layout})")
     marlin = None
     if a.marlin != "off":

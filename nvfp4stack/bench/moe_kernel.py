@@ -96,8 +96,10 @@ def _short(pair) -> str:
 def bench_shape(args: MoeKernelBench, name: str, log) -> list[dict]:
     import triton.testing as tt
 
+    from nvfp4stack.kernels.base import MoeWeights
     from nvfp4stack.kernels.moe.hopper_w4a16 import fp8_prefill as fp
     from nvfp4stack.kernels.moe.hopper_w4a16 import fused_moe as tw
+    from nvfp4stack.kernels.moe.triton_w4a16 import TritonW4A16Moe
 
     hidden, inter = SHAPES[name]
     dev = torch.device("cuda")
@@ -120,11 +122,9 @@ def bench_shape(args: MoeKernelBench, name: str, log) -> list[dict]:
     except Exception as exc:
         log(f"[{name}] fp8 prepare failed: {type(exc).__name__}: {str(exc)[:200]}")
         fp8w = None
-    from nvfp4stack.kernels.moe.hopper_w4a16 import tiles
-
-    # our kernels read what triton_w4a16's prepare gives here: the tile layout on sm90 where the shape tiles
-    tiled = tw.decode_available(dev) and tiles.experts_fit(w13, w2)
-    k13, k2 = tiles.tile_experts(w13, w2) if tiled else (w13, w2)
+    # our kernels read what triton_w4a16's prepare gives here (the tile layout on sm90 where the shape tiles)
+    prepared = TritonW4A16Moe.prepare(MoeWeights(w13, w2))
+    k13, k2, tiled = prepared.weights.w13, prepared.weights.w2, prepared.tiled
     log(f"[{name}] weight layout of our kernels: {'tiles' if tiled else 'rows'}")
     params = e * 3 * hidden * inter
     rows = []

@@ -173,10 +173,7 @@ def _gemm_rows(
         sc = gl.load(s_ptrs)
         for k0 in range(BK, K, BK):
             x = gl.load(x_ptrs + (k0 - BK), mask=xm, other=0.0)  # L2-resident: not prefetched
-            w_off = k0 // 8
-            if TILED:
-                w_off = _w_word_step(k0 // BK, BK, TILED)
-            w_n = gl.load(w32_ptrs + w_off)
+            w_n = gl.load(w32_ptrs + _w_col0(k0 // 2, BK // 2, TILED) // 4)
             sc_n = gl.load(s_ptrs + k0 // 16)
             a = _dequant_a(_bytes_of(w, W_BYTES, ROWS, BK), _scales(sc), MMA, W_BLOCKS, ROWS, BK)
             acc = mma_v2(a, _x_operand(x, MMA, BT, BK), acc)

@@ -4,7 +4,9 @@ import os
 import pytest
 import torch
 
-from nvfp4stack.kernels.moe.hopper_w4a16.routing import align_by_expert, max_padded_slots
+from nvfp4stack.kernels.moe.hopper_w4a16.routing import (
+    align_by_expert, align_split, max_padded_slots, split_padded_slots,
+)
 
 
 def _seed() -> int:
@@ -48,6 +50,35 @@ def test_alignment_invariants(tokens, top_k, experts, block_m):
     assert bool((r.expert_ids[nb:] == -1).all())
 
 
+@pytest.mark.parametrize("tokens,top_k,experts", [(64, 6, 64), (200, 6, 48), (3, 4, 32), (37, 6, 8), (1, 1, 4)])
+def test_split_regions(tokens, top_k, experts):
+    """align_split: experts of at most 16 slots in 16-slot blocks, the others in 32-slot blocks; every
+    slot lands once in one of the two, in token order, under Zipf-skewed routing."""
+    g = torch.Generator().manual_seed(_seed())
+    probs = 1.0 / torch.arange(1, experts + 1, dtype=torch.float32) ** 1.1
+    probs[-1] = 0  # one expert gets nothing
+    ids = torch.stack([torch.multinomial(probs, top_k, replacement=False, generator=g) for _ in range(tokens)])
+    small, big = align_split(ids, experts, 16, 32)
+    slots, flat = tokens * top_k, ids.reshape(-1)
+    counts = torch.bincount(flat, minlength=experts)
+    assert (small.sorted_ids.numel(), big.sorted_ids.numel()) == split_padded_slots(slots, experts, 16, 32)
+    seen = []
+    for r, bm, mine in ((small, 16, counts <= 16), (big, 32, counts > 16)):
+        n = int(r.num_padded)
+        assert n == int(((counts + bm - 1) // bm * bm)[mine].sum())
+        assert bool((r.sorted_ids[n:] == slots).all()) and bool((r.expert_ids[n // bm:] == -1).all())
+        for b in range(n // bm):
+            blk = r.sorted_ids[b * bm:(b + 1) * bm]
+            real = blk[blk < slots].long()
+            e = int(r.expert_ids[b])
+            assert real.numel() > 0 and bool(mine[e]) and bool((flat[real] == e).all())
+            assert bool((real[1:] > real[:-1]).all())
+        seen.append(r.sorted_ids[:n][r.sorted_ids[:n] < slots])
+    assert torch.equal(torch.cat(seen).sort().values, torch.arange(slots, dtype=torch.int32))
+    with pytest.raises(ValueError, match="small < big"):
+        align_split(ids, experts, 32, 16)
+
+
 def test_rejects_flat_ids():
     with pytest.raises(ValueError, match="topk_ids"):
         align_by_expert(torch.zeros(6, dtype=torch.int64), 4, 16)
@@ -55,8 +86,8 @@ def test_rejects_flat_ids():
 
 _TRITON_CHECK = """
 import sys, torch
-from nvfp4stack.kernels.moe.hopper_w4a16.routing import align_by_expert
-from nvfp4stack.kernels.moe.hopper_w4a16.routing_triton import align_by_expert_triton
+from nvfp4stack.kernels.moe.hopper_w4a16.routing import align_by_expert, align_split
+from nvfp4stack.kernels.moe.hopper_w4a16.routing_triton import align_by_expert_triton, align_split_triton
 dev = sys.argv[1]
 g = torch.Generator().manual_seed(int(sys.argv[2]))
 bad = []
@@ -68,17 +99,19 @@ for tokens, k, e, bm in [(37, 6, 8, 16), (5, 2, 16, 8), (300, 4, 32, 8), (1, 1, 
     ids = torch.stack([torch.multinomial(probs, k, replacement=False, generator=g) for _ in range(tokens)])
     for dt in (torch.int32, torch.int64):
         i = ids.to(dt).to(dev)
-        a, b = align_by_expert(i, e, bm), align_by_expert_triton(i, e, bm)
-        if not (torch.equal(a.sorted_ids, b.sorted_ids) and torch.equal(a.expert_ids, b.expert_ids)
-                and torch.equal(a.num_padded, b.num_padded)):
-            bad.append((tokens, k, e, bm, dt))
+        pairs = [(align_by_expert(i, e, bm), align_by_expert_triton(i, e, bm))]
+        pairs += zip(align_split(i, e, bm, 2 * bm), align_split_triton(i, e, bm, 2 * bm))
+        for a, b in pairs:
+            if not (torch.equal(a.sorted_ids, b.sorted_ids) and torch.equal(a.expert_ids, b.expert_ids)
+                    and torch.equal(a.num_padded, b.num_padded)):
+                bad.append((tokens, k, e, bm, a.block_m, dt))
 print("mismatches:", bad)
 sys.exit(1 if bad else 0)
 """
 
 
 def test_triton_alignment_matches_torch():
-    """routing_triton.align_by_expert_triton: bit-identical to align_by_expert (GPU, or the
+    """routing_triton: align_by_expert_triton and align_split_triton bit-identical to the torch versions (GPU, or the
     Triton interpreter on CPU in a subprocess)."""
     import subprocess
     import sys

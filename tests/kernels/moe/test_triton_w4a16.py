@@ -38,11 +38,14 @@ def test_registration_and_arch_verdicts():
 
 def test_pick_decode_tiles(monkeypatch):
     """Decode tiles (CPU: the sm90 answer with the capability query patched): below 2 rows/expert an
-    L1 and an L2 tile of their own, from 2 to 6 one shared 8-token tile of 2 m-tiles x BK=256, from
-    over 6 to 15 the 16-token wgmma ring tile (the mma.sync 16-token pair, L1 on 2 warps and L2 on 4,
-    where the ring does not divide the shape), the 32-token ring tile over 15 to 32, and none past
-    32 rows, off sm90 or on CPU tensors; shapes that do not divide into a tile get the next that fits."""
+    L1 and an L2 tile of their own, from 2 to 10 the 16-token wgmma ring tile, over 10 to 16 the same
+    with busy experts (over 16 rows) in 32-token blocks (big_t), the 32-token ring tile over 16 to 32,
+    and none past 32 rows, off sm90 or on CPU tensors; shapes that do not divide into a tile get the
+    next that fits (the 8-token tile to 6 rows, then the mma.sync 16-token pair, L1 on 2 warps and L2
+    on 4, the 32-token mma.sync tile over 16 rows)."""
     pytest.importorskip("triton.experimental.gluon")
+    from dataclasses import replace
+
     from nvfp4stack.kernels.moe.hopper_w4a16 import fused_moe as tw
 
     cuda = torch.device("cuda")
@@ -52,25 +55,28 @@ def test_pick_decode_tiles(monkeypatch):
         assert (l1.block_t, l2.block_t) == (8, 8) and l1 != l2
         assert (l1.num_warps, l1.mrep, l1.block_k) == (8, 1, 256)
         assert tw.pick_decode(1.99, hidden, inter, cuda) == (l1, l2)
-        t8 = tw.pick_decode(2, hidden, inter, cuda)
-        assert t8[0] == t8[1] and (t8[0].block_t, t8[0].mrep, t8[0].block_k, t8[0].num_warps) == (8, 2, 256, 4)
-        assert tw.pick_decode(6, hidden, inter, cuda) == t8
-        t16 = tw.pick_decode(6.01, hidden, inter, cuda)
-        assert t16[0] == t16[1] and t16[0].wgmma == 3
+        t16 = tw.pick_decode(2, hidden, inter, cuda)
+        assert t16[0] == t16[1] and t16[0].wgmma == 3 and not t16[0].big_t
         assert (t16[0].block_t, t16[0].mrep, t16[0].block_k, t16[0].num_warps, t16[0].prefetch) == (16, 1, 128, 4, 3)
-        assert tw.pick_decode(15, hidden, inter, cuda) == t16
-        t32 = tw.pick_decode(15.01, hidden, inter, cuda)
+        assert tw.pick_decode(6, hidden, inter, cuda) == t16 and tw.pick_decode(10, hidden, inter, cuda) == t16
+        split = tw.pick_decode(10.01, hidden, inter, cuda)
+        assert split[0] == split[1] and split[0] == replace(t16[0], big_t=32)
+        assert tw.pick_decode(16, hidden, inter, cuda) == split
+        t32 = tw.pick_decode(16.01, hidden, inter, cuda)
         assert t32[0] == t32[1] and t32[0].wgmma == 3 and (t32[0].block_t, t32[0].mrep, t32[0].block_k) == (32, 1, 128)
-        assert tw.pick_decode(16, hidden, inter, cuda) == t32 and tw.pick_decode(32, hidden, inter, cuda) == t32
+        assert tw.pick_decode(32, hidden, inter, cuda) == t32
         assert tw.pick_decode(32.1, hidden, inter, cuda) is None
         assert tw.pick_config(32.1)[0].block_m == 64  # one 64-row Triton block from 33 rows
     t8 = tw.pick_decode(4, 1152, 640, cuda)  # 640 % 256 != 0: an 8-token tile with BK=128
     assert t8[0].block_t == 8 and all(c.block_k == 128 for c in t8)
     l1, l2 = tw.pick_decode(1, 1152, 640, cuda)  # 1152 % 256 != 0: the L1 tile does not fit
     assert l1 == l2 and l1.block_k == 128
-    # 1152 / 128 = 9 K steps: no multiple of the ring's 4 slots, so the 16-token mma.sync pair
-    m16 = tw.pick_decode(8, 1152, 1024, cuda)
-    assert not m16[0].wgmma and (m16[0].num_warps, m16[1].num_warps) == (2, 4)
+    # 1152 / 128 = 9 K steps: no multiple of the ring's 4 slots, so an 8-token tile to 6 rows (BK=128:
+    # 1152 % 256 != 0), then the 16-token mma.sync pair
+    assert all(c.block_t == 8 and not c.wgmma and c.block_k == 128 for c in tw.pick_decode(4, 1152, 1024, cuda))
+    for rows in (8, 12):
+        m16 = tw.pick_decode(rows, 1152, 1024, cuda)
+        assert not m16[0].wgmma and (m16[0].num_warps, m16[1].num_warps) == (2, 4)
     assert not tw.pick_decode(24, 1152, 1024, cuda)[0].wgmma  # likewise the 32-token mma.sync tile
     assert tw.pick_decode(1, 2880, 2880, cuda) is None  # 2880 is no multiple of either BK (128, 256)
     assert tw.pick_decode(1, 4096, 2048, torch.device("cpu")) is None
@@ -97,6 +103,11 @@ def test_decode_config_ring_slots():
         DecodeConfig(16, 1, 128, 4, 2, 3)
     with pytest.raises(ValueError, match="power of two"):
         DecodeConfig(16, 1, 64, 4, 1, 3)  # 2 slots of BK=64: 8 bytes per row
+    # the busy experts' blocks (big_t): ring tiles only, more tokens than block_t
+    assert DecodeConfig(16, 1, 128, 4, 3, 3, big_t=32).fits(4096, 2048)
+    for bad in (dict(wgmma=0, prefetch=0), dict(big_t=16), dict(big_t=64)):
+        with pytest.raises(ValueError, match="big_t"):
+            DecodeConfig(**{**dict(block_t=16, mrep=1, block_k=128, num_warps=4, prefetch=3, wgmma=3, big_t=32), **bad})
 
 
 def _gen(device) -> torch.Generator:
@@ -194,6 +205,24 @@ def test_decode_kernel_every_config_ragged():
             failures.append(f"{cfg}: {exc}")
     assert not failures, "\n".join(failures)
     assert pick_decode(1, 4096, 2048, torch.device("cuda")) is not None or torch.cuda.get_device_capability()[0] != 9
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens,top_k,experts", [(3, 2, 8), (90, 6, 8), (40, 6, 16)])
+def test_split_decode_tiles(tokens, top_k, experts):
+    """Ring tiles with big_t: only small experts (the busy-expert launches find no block), only busy
+    ones (the small launches find none), and both, under Zipf skew; NaN-poisoned scratch."""
+    from nvfp4stack.kernels.moe.hopper_w4a16.fused_moe import DecodeConfig, decode_available
+
+    if not decode_available(torch.device("cuda")):
+        pytest.skip("the decode kernels run on sm90 only")
+    g = _gen("cuda")
+    x, w13, w2, wts, _ = _problem(g, experts=experts, hidden=1024, inter=512, tokens=tokens, top_k=top_k)
+    p = 1.0 / torch.arange(1, experts + 1, device="cuda", dtype=torch.float32) ** 1.1
+    ids = torch.multinomial(p.expand(tokens, -1), top_k, generator=g).to(torch.int32)
+    split = DecodeConfig(16, 1, 128, 4, 3, 3, big_t=32)
+    _check(x, w13, w2, wts, ids, config=(split, split), label="split")
 
 
 @gpu

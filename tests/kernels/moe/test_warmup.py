@@ -1,7 +1,7 @@
 """kernels/moe/hopper_w4a16/warmup.py: the token counts that compile every triton_w4a16 binary at load.
 
 CPU: the regime boundaries for real shapes, worked out by hand from the tile heuristics
-(rows/expert = tokens * top_k / experts; decode tiles: few-row T8 < 2 <= T8 <= 6 < T16 <= 15 < T32 <= 32;
+(rows/expert = tokens * top_k / experts; decode tiles: few-row T8 < 2 <= T16 ring <= 10 < split ring <= 16 < T32 <= 32;
 Triton tiles <= 32, <= 160, FP8 from 64 when its weights exist, Triton routing up to 8192 slots).
 GPU: after warm_up, forwards at other token counts compile nothing (Triton's jit_cache_hook
 counts every in-memory cache miss) and still match the fp32 twin.
@@ -18,8 +18,8 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU
 
 @pytest.mark.parametrize("decode,fp8,expected", [
     # Flash EP shape: 64 local experts, top-6, 4096 x 2048
-    (True, True, [1, 22, 65, 161, 342, 683, 1366]),  # few-row T8 | T8 | T16 | T32 | 64-row | FP8 | FP8, torch routing
-    (True, False, [1, 22, 65, 161, 342, 1366, 1707]),  # ... | 64-row | 64-row, torch routing | 128-row
+    (True, True, [1, 22, 107, 171, 342, 683, 1366]),  # few-row T8 | T16 | split | T32 | 64-row | FP8 | FP8, torch routing
+    (True, False, [1, 22, 107, 171, 342, 1366, 1707]),  # ... | 64-row | 64-row, torch routing | 128-row
     (False, False, [1, 171, 342, 1366, 1707]),  # no decode kernels: one 16-row Triton tile to 16 rows
 ])
 def test_flash_shape_boundaries(decode, fp8, expected):

@@ -5,21 +5,22 @@ Two launches over expert-aligned token blocks (routing.py):
   L2  h @ w2[e]^T * routing weight -> rows[T*k, H]; top-k rows summed per token.
 Weights stay packed; tiles are dequantized in registers. Triton is imported only when the
 kernel runs, so CPU hosts can import this module (tile heuristics, tests, benchmarks).
-Decode loads (<= 32 routed rows per expert) on sm90 run Gluon kernels instead: up to 6 rows those of
+Decode loads (<= 32 routed rows per expert) on sm90 run Gluon kernels instead: below 2 rows those of
 _decode_gluon.py (weights as the mma.sync M side, operands built in registers, no shared memory),
-from over 6 the wgmma kernels of _decode_wgmma.py (weights, scales and token tiles through one
-cp.async ring); routing alignment is one Triton launch (routing_triton.py) up to 8192 slots.
+from 2 rows the wgmma kernels of _decode_wgmma.py (weights, scales and token tiles through one
+cp.async ring; over 10 to 16 rows busy experts in bigger token blocks of their own launches);
+routing alignment is one Triton launch (routing_triton.py) up to 8192 slots.
 Prefill-heavy calls can instead run the FP8 tensor-core mode (fp8_prefill.py, ``mode``/``fp8_weights``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
 
 from nvfp4stack.kernels.moe.hopper_w4a16 import tiles
-from nvfp4stack.kernels.moe.hopper_w4a16.routing_triton import align_routing
+from nvfp4stack.kernels.moe.hopper_w4a16.routing_triton import align_routing, align_routing_split
 from nvfp4stack.kernels.moe.hopper_w4a16.torch_twin import check_moe_args
 
 if TYPE_CHECKING:
@@ -80,6 +81,9 @@ class DecodeConfig:
     # cp.async ring, ``prefetch`` K steps in flight; 0: the mma.sync kernels (_decode_gluon.py)
     wgmma: int = 0
     chunk_k: int = 512
+    # ring tiles (wgmma 3) only: experts with more than block_t routed rows run in blocks of big_t tokens,
+    # the same tile otherwise, in launches of their own (routing.align_split); 0: every expert in block_t blocks
+    big_t: int = 0
 
     @property
     def rows(self) -> int:
@@ -116,6 +120,9 @@ class DecodeConfig:
         if self.wgmma not in (0, 1, 2, 3) or (self.wgmma and self.num_warps % 4):
             raise ValueError(f"DecodeConfig: wgmma 0-3, and wgmma tiles take whole warpgroups (num_warps 4, 8, 12, "
                              f"16); got {self}")
+        if self.big_t and (self.wgmma != 3 or self.big_t not in (16, 32) or self.big_t <= self.block_t):
+            raise ValueError(f"DecodeConfig: big_t (the busy experts' token block) is 0, or 16 or 32 tokens over "
+                             f"block_t on a ring tile (wgmma 3); got {self}")
         round_bytes = self.ring_slots * self.block_k // 16
         if self.wgmma == 3 and (round_bytes % 16 or (round_bytes // 16) & (round_bytes // 16 - 1)):
             raise ValueError(f"DecodeConfig: the ring (wgmma 3) copies each row's scales of one round of "
@@ -143,8 +150,8 @@ def pick_config(rows_per_expert: float) -> tuple[TileConfig, TileConfig]:
     return _PREFILL, _PREFILL
 
 
-# Decode (<= DECODE_MAX_ROWS_PER_EXPERT routed rows per expert) runs the Gluon kernels (mma.sync, and
-# from 6 rows the wgmma ring kernels)
+# Decode (<= DECODE_MAX_ROWS_PER_EXPERT routed rows per expert) runs the Gluon kernels (mma.sync below 2
+# rows, the wgmma ring kernels from there)
 # on sm90 when the shape fits their tiles; figures: bench/moe_kernel_notes.md. From 17 to 32 rows
 # the 32-token tile (2 m-tiles x BK=64) takes 9-12% less time than the Triton kernels' 32-row tile
 # (H100, 2026-11-24: Flash 24/32 rows 311/321 vs 343/352 us, Pro 780/812 vs 884/901). From 33 rows
@@ -157,36 +164,45 @@ DECODE_MAX_ROWS_PER_EXPERT = 32
 # and the weights are dequantized twice. Measured on an H200 with the L2 flushed before every call
 # (2026-11-24, tests/kernels/moe/decode_profile.py, Flash/Pro at 32/48/64 experts, uniform and Zipf):
 # - below 2 rows: L1 8 warps x 1 m-tile x BK=256, L2 2 m-tiles x BK=128 with register prefetch;
-# - 2 to 6 rows: 8 tokens, 2 m-tiles x BK=256 x 4 warps for both: 1-12% less time than the pair above
-#   at 2-4 rows (Pro 48 experts, 4 rows: 602 vs 683 us);
-# - 6 to 15 rows: the wgmma kernels (_decode_wgmma.py), 16 tokens, one warpgroup x 64 rows, BK=128,
-#   weights, scales and token tiles through a 4-slot cp.async ring (3 K steps in flight): on an H200
-#   (2026-11-25, cold L2, Flash 64 / Pro 48 experts, uniform and Zipf) 5-16% less time than the
-#   16-token mma.sync pair below at 8-16 rows (Flash 16 rows uniform 510 vs 588 us, Zipf 578 vs 666;
-#   Pro 8 rows uniform 726 vs 819), within -6..+6% at 6 rows. Shapes it does not divide (64-row
-#   tiles, K steps a multiple of 4) fall back to that pair: 16 tokens, L1 2 warps x 2 m-tiles x
-#   BK=128, L2 4 warps (20-25% less time than 8-token blocks at 8 rows). Since the ring's scales
-#   arrive four K steps at a time in 16-byte copies (not 8 bytes a step), 8 rows take 362-380 us
-#   at Flash 64 (3.0x bf16) and 668-716 at Pro 48 (H200, 2026-11-25 evening, bench/RESULTS.md); with the
-#   expert bytes in tiles.py's layout (what triton_w4a16 prepares on sm90) 349-352 and 640-648 us.
+# - 2 to 10 rows: the wgmma kernels (_decode_wgmma.py), 16 tokens, one warpgroup x 64 rows, BK=128,
+#   weights, scales and token tiles through a 4-slot cp.async ring (3 K steps in flight), the scales
+#   four K steps at a time in 16-byte copies. It took over from 6 rows first (5-16% less time than the
+#   16-token mma.sync pair at 8-16 rows, 2026-11-25); with the expert bytes in tiles.py's layout (what
+#   triton_w4a16 prepares on sm90) it also beats the 8-token mma.sync tile from 2 rows under skew
+#   (H200, 2026-11-25, cold L2, 30 reps, all four EP loads: Zipf 2-4 rows 2-13% less time, 4 rows
+#   Flash 64 285 vs 321 us, Pro 48 556 vs 625) and is 0-3.5% slower at 2-3 rows for uniform routing,
+#   within 2% from 4 (bench/RESULTS.md, "the 16-token ring from 2 rows").
+#   Fallbacks where it does not divide the shape (64-row tiles, K steps a multiple of 4): up to 6 rows
+#   the 8-token tile (2 m-tiles x BK=256 x 4 warps), then the 16-token mma.sync pair (L1 2 warps x 2
+#   m-tiles x BK=128, L2 4 warps);
+# - over 10 to 16 rows: the same ring tile, but experts holding more than 16 rows in 32-token blocks
+#   of their own launches (big_t, routing.align_split): with 16-token blocks only, a busy expert is
+#   dequantized once per 16 rows (five to ten times under Zipf skew), with 32-token blocks only the
+#   many experts of at most 16 rows pay the bigger tile (fewer CTAs per SM). Same run: Zipf 12-16 rows
+#   2-6% less time than the better of the two single rings (Pro 48 12 rows 759 vs 806 us; Flash 32
+#   within 3%), and against the single ring picked before (16 tokens to 15 rows) up to 15% (Pro 48 14
+#   rows uniform 713 vs 798); uniform 12 rows -2..+12% (Flash 32 219 vs 196). At 8-10 rows it lost
+#   0-6% to the 16-token ring for uniform routing, at 20 rows up to 12% to the 32-token one (Flash 32),
+#   so it is kept to this range. Fallback: the 16-token mma.sync pair.
 _DECODE_FEW = (DecodeConfig(block_t=8, mrep=1, block_k=256, num_warps=8, prefetch=0),
                DecodeConfig(block_t=8, mrep=2, block_k=128, num_warps=4, prefetch=1))
 _DECODE_T8 = (DecodeConfig(block_t=8, mrep=2, block_k=256, num_warps=4, prefetch=0),) * 2
 _DECODE_T16_RING = (DecodeConfig(block_t=16, mrep=1, block_k=128, num_warps=4, prefetch=3, wgmma=3),) * 2
+_DECODE_SPLIT_RING = (DecodeConfig(block_t=16, mrep=1, block_k=128, num_warps=4, prefetch=3, wgmma=3, big_t=32),) * 2
 _DECODE_T16 = (DecodeConfig(block_t=16, mrep=2, block_k=128, num_warps=2, prefetch=0),
                DecodeConfig(block_t=16, mrep=2, block_k=128, num_warps=4, prefetch=0))
-# - over 15 to 32 rows: the wgmma ring kernels with a 32-token tile. Its padding token rows are
+# - over 16 to 32 rows: the wgmma ring kernels with a 32-token tile. Its padding token rows are
 #   zero-filled, not read (at 16 rows per expert half the tile is padding): with that, on an H200
 #   (2026-11-25, cold L2, same run) it takes 469 us against the 16-token ring's 523 at Flash 64
 #   experts, 16 rows uniform, 529 vs 542 Zipf, 889 vs 905 at Pro 48 16 rows uniform; at 20 rows
-#   476 vs 649; at 13-15 rows the 16-token ring is 1-14% faster for uniform routing. Before the
-#   padding was skipped the 32-token ring took 550 us at Flash 16 rows; with the scales in 16-byte
-#   copies it takes 424-427 (Pro 48: 763-784 us, was 880-911). Fallback: the 32-token mma.sync
-#   tile (2 m-tiles x BK=64).
+#   476 vs 649. Before the padding was skipped the 32-token ring took 550 us at Flash 16 rows; with
+#   the scales in 16-byte copies it takes 424-427 (Pro 48: 763-784 us, was 880-911). Fallback: the
+#   32-token mma.sync tile (2 m-tiles x BK=64).
 _DECODE_T32_RING = (DecodeConfig(block_t=32, mrep=1, block_k=128, num_warps=4, prefetch=3, wgmma=3),) * 2
 _DECODE_T32 = (DecodeConfig(block_t=32, mrep=2, block_k=64, num_warps=4, prefetch=0),) * 2
-# the largest average rows per expert each 8/16-token choice takes
-DECODE_FEW_MAX_ROWS, DECODE_T8_MAX_ROWS, DECODE_T16_MAX_ROWS = 2.0, 6.0, 15.0
+# the largest average rows per expert each choice takes: the two 8-token pairs (fallbacks from 2 rows),
+# the 16-token ring, the split ring
+DECODE_FEW_MAX_ROWS, DECODE_T8_MAX_ROWS, DECODE_T16_MAX_ROWS, DECODE_SPLIT_MAX_ROWS = 2.0, 6.0, 10.0, 16.0
 
 
 def decode_available(device: torch.device) -> bool:
@@ -210,9 +226,11 @@ def decode_pair(rows_per_expert: float, hidden: int, inter: int) -> tuple[Decode
     if rows_per_expert < DECODE_FEW_MAX_ROWS:
         order = (_DECODE_FEW, _DECODE_T8)
     elif rows_per_expert <= DECODE_T8_MAX_ROWS:
-        order = (_DECODE_T8, _DECODE_FEW)
+        order = (_DECODE_T16_RING, _DECODE_T8, _DECODE_FEW)
     elif rows_per_expert <= DECODE_T16_MAX_ROWS:
         order = (_DECODE_T16_RING, _DECODE_T16)
+    elif rows_per_expert <= DECODE_SPLIT_MAX_ROWS:
+        order = (_DECODE_SPLIT_RING, _DECODE_T16)
     else:
         order = (_DECODE_T32_RING, _DECODE_T32)
     pairs = [q for p in order for q in (p, (p[1], p[1]), (p[0], p[0]))]
@@ -265,7 +283,7 @@ DECODE_CANDIDATES: tuple[tuple[DecodeConfig, DecodeConfig], ...] = tuple(
                                  (16, 1, 128, 4, 1, 3), (16, 1, 128, 4, 3, 3), (16, 1, 256, 4, 1, 3),
                                  (16, 1, 256, 4, 3, 3), (32, 1, 256, 4, 1, 3), (16, 2, 128, 4, 1, 3),
                                  (8, 1, 256, 4, 1, 3), (32, 1, 128, 4, 3, 3))
-)
+) + (_DECODE_SPLIT_RING,)  # the 16-token ring, busy experts in 32-token blocks
 # Diagnostics for --sweep --diag (WRONG numbers, never selected): same loads and MMAs, no dequant.
 DIAG = (_t(16, 64, 256, 4, 3, deq=9), _t(128, 64, 64, 4, 3, deq=9))
 
@@ -344,49 +362,64 @@ def nvfp4_moe_forward_triton(
                          f"a wgmma L2), found {cfg1} and {cfg2}")
     if decode and not (cfg1.fits(hidden, inter) and cfg2.fits(hidden, inter)):
         raise ValueError(f"config: decode tiles {cfg1} / {cfg2} do not divide hidden {hidden}, inter {inter}")
+    if decode and cfg1.big_t != cfg2.big_t:
+        raise ValueError(f"config: L1 and L2 share the routing blocks, so also big_t, found {cfg1} and {cfg2}")
     # one Triton launch instead of ~20 torch kernels where the slot count is decode-sized
-    routing = align_routing(topk_ids, num_experts, cfg1.block_m)
+    if decode and cfg1.big_t:  # two routings, each run on its own launches of the same kernels
+        small, big = align_routing_split(topk_ids, num_experts, cfg1.block_t, cfg1.big_t)
+        parts = [(small, cfg1, cfg2), (big, replace(cfg1, block_t=cfg1.big_t, big_t=0),
+                                       replace(cfg2, block_t=cfg2.big_t, big_t=0))]
+    else:
+        parts = [(align_routing(topk_ids, num_experts, cfg1.block_m), cfg1, cfg2)]
     w13_data, w13_scale = w13.data.contiguous(), w13.scale.contiguous().view(torch.uint8)
     w2_data, w2_scale = w2.data.contiguous(), w2.scale.contiguous().view(torch.uint8)
     gs13 = global_scale_per_expert(w13, num_experts, "w13")
     gs2 = global_scale_per_expert(w2, num_experts, "w2")
 
     scratch = torch.full if poison else (lambda size, _fill, **kw: torch.empty(size, **kw))
-    inter_buf = scratch((routing.sorted_ids.numel(), inter), float("nan"), dtype=torch.bfloat16, device=x.device)
+    inter_all = scratch((sum(r.sorted_ids.numel() for r, _, _ in parts), inter), float("nan"), dtype=torch.bfloat16,
+                        device=x.device)
     rows = scratch((tokens * top_k, hidden), float("nan"), dtype=torch.bfloat16, device=x.device)
     route_w = topk_weights.to(torch.float32).reshape(-1).contiguous()
     limit = float(swiglu_limit) if swiglu_limit is not None else 0.0
-    # operands shared by the Triton and the Gluon kernels (these take max_blocks / limit after them)
-    ids = (routing.sorted_ids, routing.expert_ids, routing.num_padded, routing.num_slots)
-    l1_args = (xb, xb.stride(0), *_weight_args(w13_data, w13_scale, gs13), inter_buf, inter_buf.stride(0),
-               *ids, top_k, inter, hidden)
-    l2_args = (inter_buf, inter_buf.stride(0), *_weight_args(w2_data, w2_scale, gs2), route_w, rows, rows.stride(0),
-               *ids, hidden, inter)
     has_limit = swiglu_limit is not None
+    x_in = xb
     if decode and cfg1.wgmma:
-        from nvfp4stack.kernels.moe.hopper_w4a16 import _decode_wgmma
         from nvfp4stack.kernels.moe.hopper_w4a16.k_order import k_permutation_on
 
         # cp.async stages the activations verbatim: x goes in the weights' K order (one gather), and
         # L1 writes h in L2's
-        x_perm = xb.index_select(1, k_permutation_on(hidden, cfg1.block_k, x.device))
-        _decode_wgmma.launch(cfg1, cfg2, (x_perm, *l1_args[1:]), l2_args, routing.max_blocks, inter, hidden, limit,
-                             has_limit, tiled)
-        return _topk_sum(rows, tokens, top_k, hidden, out_dtype)
-    if decode:
-        from nvfp4stack.kernels.moe.hopper_w4a16 import _decode_gluon
+        x_in = xb.index_select(1, k_permutation_on(hidden, cfg1.block_k, x.device))
+    row0 = 0
+    for routing, c1, c2 in parts:
+        inter_buf = inter_all[row0:row0 + routing.sorted_ids.numel()]
+        row0 += routing.sorted_ids.numel()
+        # operands shared by the Triton and the Gluon kernels (these take max_blocks / limit after them)
+        ids = (routing.sorted_ids, routing.expert_ids, routing.num_padded, routing.num_slots)
+        l1_args = (x_in, x_in.stride(0), *_weight_args(w13_data, w13_scale, gs13), inter_buf, inter_buf.stride(0),
+                   *ids, top_k, inter, hidden)
+        l2_args = (inter_buf, inter_buf.stride(0), *_weight_args(w2_data, w2_scale, gs2), route_w, rows,
+                   rows.stride(0), *ids, hidden, inter)
+        _launch_gemms(c1, c2, l1_args, l2_args, routing.max_blocks, inter, hidden, limit, has_limit, tiled)
+    return _topk_sum(rows, tokens, top_k, hidden, out_dtype)
 
-        _decode_gluon.launch(cfg1, cfg2, l1_args, l2_args, routing.max_blocks, inter, hidden, limit, has_limit, tiled)
-        return _topk_sum(rows, tokens, top_k, hidden, out_dtype)
 
+def _launch_gemms(cfg1, cfg2, l1_args: tuple, l2_args: tuple, nblocks: int, inter: int, hidden: int, limit: float,
+                  has_limit: bool, tiled: bool) -> None:
+    """L1 then L2 over ``nblocks`` routing blocks, on the kernels the (L1, L2) tiles name."""
+    if isinstance(cfg1, DecodeConfig):
+        if cfg1.wgmma:
+            from nvfp4stack.kernels.moe.hopper_w4a16 import _decode_wgmma as kernels
+        else:
+            from nvfp4stack.kernels.moe.hopper_w4a16 import _decode_gluon as kernels
+        kernels.launch(cfg1, cfg2, l1_args, l2_args, nblocks, inter, hidden, limit, has_limit, tiled)
+        return
     from nvfp4stack.kernels.moe.hopper_w4a16._triton_kernels import l1_swiglu_kernel, l2_combine_kernel
 
-    grid1 = (routing.max_blocks * triton_cdiv(inter, cfg1.block_n),)
-    l1_swiglu_kernel[grid1](*l1_args, routing.max_blocks, limit, HAS_LIMIT=has_limit, TILED=tiled,
-                            **cfg1.launch_args(hidden))
-    grid2 = (routing.max_blocks * triton_cdiv(hidden, cfg2.block_n),)
-    l2_combine_kernel[grid2](*l2_args, routing.max_blocks, TILED=tiled, **cfg2.launch_args(inter))
-    return _topk_sum(rows, tokens, top_k, hidden, out_dtype)
+    grid1 = (nblocks * triton_cdiv(inter, cfg1.block_n),)
+    l1_swiglu_kernel[grid1](*l1_args, nblocks, limit, HAS_LIMIT=has_limit, TILED=tiled, **cfg1.launch_args(hidden))
+    grid2 = (nblocks * triton_cdiv(hidden, cfg2.block_n),)
+    l2_combine_kernel[grid2](*l2_args, nblocks, TILED=tiled, **cfg2.launch_args(inter))
 
 
 def _weight_args(data: torch.Tensor, scale: torch.Tensor, global_scale: torch.Tensor) -> tuple:

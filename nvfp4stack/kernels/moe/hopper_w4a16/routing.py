@@ -32,6 +32,10 @@ class AlignedRouting:
         return self.expert_ids.numel()
 
 
+# (small-expert routing, busy-expert routing) of align_split
+Split = tuple[AlignedRouting, AlignedRouting]
+
+
 def max_padded_slots(num_slots: int, num_experts: int, block_m: int) -> int:
     """Upper bound of padded slots: every expert may waste up to block_m - 1 (a static grid size)."""
     bound = num_slots + num_experts * (block_m - 1)
@@ -44,30 +48,66 @@ def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> A
     Slots of one expert keep their original (token-major) order, as a stable sort gives.
     Sizes are upper bounds so that the GPU never waits for the host (no ``.item()``).
     """
+    flat, counts, order = _sort_slots(topk_ids, num_experts)
+    keep = torch.ones_like(counts, dtype=torch.bool)
+    return _align_region(flat, counts, order, keep, block_m, max_padded_slots(flat.numel(), num_experts, block_m))
+
+
+def split_padded_slots(num_slots: int, num_experts: int, small: int, big: int) -> tuple[int, int]:
+    """Upper bounds of the two regions of align_split: every small expert (at most ``small`` rows)
+    fills exactly one ``small`` block; at most num_slots // (small + 1) experts hold more, each
+    wasting up to big - 1 slots."""
+    n_small = min(num_experts, num_slots)
+    n_big = min(num_experts, num_slots // (small + 1))
+    big_bound = (num_slots + n_big * (big - 1) + big - 1) // big * big
+    return n_small * small, max(big_bound, big)
+
+
+def align_split(topk_ids: torch.Tensor, num_experts: int, small: int, big: int) -> Split:
+    """Two routings of one call: experts with at most ``small`` routed slots in ``small``-slot blocks,
+    the others in ``big``-slot blocks (each slot in exactly one of the two). Routing is never
+    balanced (bench/moe_kernel_notes.md): this lets most experts take the cheaper small tile while
+    the busy ones are not split into many small blocks, each dequantizing the expert's weights again."""
+    if not 0 < small < big:
+        raise ValueError(f"align_split: expected 0 < small < big block sizes, found small={small}, big={big}")
+    flat, counts, order = _sort_slots(topk_ids, num_experts)
+    keep = counts <= small
+    pad_small, pad_big = split_padded_slots(flat.numel(), num_experts, small, big)
+    return (_align_region(flat, counts, order, keep, small, pad_small),
+            _align_region(flat, counts, order, ~keep, big, pad_big))
+
+
+def _sort_slots(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(flat expert ids, per-expert counts, slot ids stably sorted by expert) of [T, k] routing."""
     if topk_ids.dim() != 2:
         raise ValueError(
             f"topk_ids: expected [tokens, top_k], found shape {tuple(topk_ids.shape)}; "
             "pass the router's top-k expert indices"
         )
-    device = topk_ids.device
     flat = topk_ids.reshape(-1).to(torch.int64)
-    num_slots = flat.numel()
-    max_padded = max_padded_slots(num_slots, num_experts, block_m)
-
-    counts = torch.zeros(num_experts, dtype=torch.int64, device=device)
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
     counts.scatter_add_(0, flat, torch.ones_like(flat))  # bincount would sync on CUDA
-    padded = (counts + block_m - 1) // block_m * block_m
+    return flat, counts, torch.argsort(flat, stable=True)
+
+
+def _align_region(flat: torch.Tensor, counts: torch.Tensor, order: torch.Tensor, keep: torch.Tensor, block_m: int,
+                  max_padded: int) -> AlignedRouting:
+    """The slots of the experts in ``keep``, each expert's run padded to ``block_m``, in ``max_padded``
+    slots; the other experts' slots are left out (scattered past the end, then cut)."""
+    device = flat.device
+    num_slots, num_experts = flat.numel(), counts.numel()
+    padded = torch.where(keep, (counts + block_m - 1) // block_m * block_m, 0)
     padded_end = torch.cumsum(padded, 0)
     padded_start = padded_end - padded
     count_start = torch.cumsum(counts, 0) - counts
 
-    order = torch.argsort(flat, stable=True)  # [num_slots] slot ids grouped by expert
     expert_of = flat[order]
     rank = torch.arange(num_slots, device=device) - count_start[expert_of]
-    dest = padded_start[expert_of] + rank
+    dest = torch.where(keep[expert_of], padded_start[expert_of] + rank, max_padded)
 
-    sorted_ids = torch.full((max_padded,), num_slots, dtype=torch.int32, device=device)
+    sorted_ids = torch.full((max_padded + 1,), num_slots, dtype=torch.int32, device=device)
     sorted_ids[dest] = order.to(torch.int32)
+    sorted_ids = sorted_ids[:max_padded]
 
     block_start = torch.arange(0, max_padded, block_m, device=device)
     block_expert = torch.searchsorted(padded_end, block_start, right=True)

@@ -44,7 +44,7 @@ class TritonW4A16Moe(MoeBackend):
         """The packed NVFP4 experts; with ``fp8_prefill`` also their FP8 row-scaled copy (+1 byte per
         weight, built once), which ``apply`` uses from 64 routed rows per expert. On sm90 (where the
         Gluon decode kernels run) and shapes that tile, the packed bytes are copied once into the tile
-        layout of hopper_w4a16/tiles.py (4-8% less decode time at 8-16 rows per expert, H200); the
+        layout of hopper_w4a16/tiles.py (1-14% less decode time at 8-16 rows per expert, H200); the
         inputs are left as they are."""
         for name in ("w13", "w2"):
             w = getattr(weights, name)

@@ -57,6 +57,8 @@ def split_padded_slots(num_slots: int, num_experts: int, small: int, big: int) -
     """Upper bounds of the two regions of align_split: every small expert (at most ``small`` rows)
     fills exactly one ``small`` block; at most num_slots // (small + 1) experts hold more, each
     wasting up to big - 1 slots."""
+    if not 0 < small < big:
+        raise ValueError(f"align_split: expected 0 < small < big block sizes, found small={small}, big={big}")
     n_small = min(num_experts, num_slots)
     n_big = min(num_experts, num_slots // (small + 1))
     big_bound = (num_slots + n_big * (big - 1) + big - 1) // big * big
@@ -68,11 +70,9 @@ def align_split(topk_ids: torch.Tensor, num_experts: int, small: int, big: int) 
     the others in ``big``-slot blocks (each slot in exactly one of the two). Routing is never
     balanced (bench/moe_kernel_notes.md): this lets most experts take the cheaper small tile while
     the busy ones are not split into many small blocks, each dequantizing the expert's weights again."""
-    if not 0 < small < big:
-        raise ValueError(f"align_split: expected 0 < small < big block sizes, found small={small}, big={big}")
+    pad_small, pad_big = split_padded_slots(topk_ids.numel(), num_experts, small, big)  # checks small < big
     flat, counts, order = _sort_slots(topk_ids, num_experts)
     keep = counts <= small
-    pad_small, pad_big = split_padded_slots(flat.numel(), num_experts, small, big)
     return (_align_region(flat, counts, order, keep, small, pad_small),
             _align_region(flat, counts, order, ~keep, big, pad_big))
 

@@ -21,17 +21,17 @@ MAX_SLOTS = 8192
 
 def align_by_expert_triton(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> AlignedRouting:
     """Same contract and outputs as routing.align_by_expert; CUDA tensors, one launch."""
-    return _launch(topk_ids, num_experts, block_m, 0)[0]
+    return _launch(topk_ids, num_experts, (max_padded_slots(topk_ids.numel(), num_experts, block_m),), (block_m,))[0]
 
 
 def align_split_triton(topk_ids: torch.Tensor, num_experts: int, small: int, big: int) -> Split:
     """Same contract and outputs as routing.align_split; CUDA tensors, one launch."""
-    if not 0 < small < big:
-        raise ValueError(f"align_split: expected 0 < small < big block sizes, found small={small}, big={big}")
-    return _launch(topk_ids, num_experts, small, big)
+    return _launch(topk_ids, num_experts, split_padded_slots(topk_ids.numel(), num_experts, small, big), (small, big))
 
 
-def _launch(topk_ids: torch.Tensor, num_experts: int, block_m: int, big: int) -> tuple[AlignedRouting, ...]:
+def _launch(topk_ids: torch.Tensor, num_experts: int, sizes: tuple[int, ...], blocks: tuple[int, ...]) \
+        -> tuple[AlignedRouting, ...]:
+    """One routing per (padded slots, block size): one for align_by_expert, align_split's two."""
     from nvfp4stack.kernels.moe.hopper_w4a16._routing_kernel import align_kernel
 
     flat = topk_ids.reshape(-1)
@@ -40,22 +40,18 @@ def _launch(topk_ids: torch.Tensor, num_experts: int, block_m: int, big: int) ->
     flat = flat.contiguous()
     num_slots = flat.numel()
     dev = topk_ids.device
-    sizes = (split_padded_slots(num_slots, num_experts, block_m, big) if big
-             else (max_padded_slots(num_slots, num_experts, block_m), big))
     outs = [tuple(torch.empty(n, dtype=torch.int32, device=dev) for n in (padded, padded // bm, 1))
-            for padded, bm in zip(sizes, (block_m, big)) if bm]
-    outs.append(outs[0])  # the unsplit kernel takes the first region's buffers twice and leaves the second alone
+            for padded, bm in zip(sizes, blocks)]
+    # the unsplit kernel takes the one region's buffers twice and leaves the second set alone
+    (s1, e1, n1), (s2, e2, n2) = outs[0], outs[-1]
     ep2 = max(16, 1 << (num_experts - 1).bit_length())
     ch = max(16, 8192 // ep2)
-    (s1, e1, n1), (s2, e2, n2) = outs[:2]
     align_kernel[(1,)](
         flat, num_slots, num_experts, s1, s1.numel(), e1, e1.numel(), n1, s2, s2.numel(), e2, e2.numel(), n2,
-        EP2=ep2, BM=block_m, CH=ch, FILL=1024, SPLIT=block_m if big else 0, BM2=big or block_m, num_warps=8,
+        EP2=ep2, BM=blocks[0], CH=ch, FILL=1024, SPLIT=blocks[0] if len(blocks) == 2 else 0, BM2=blocks[-1],
+        num_warps=8,
     )
-    routings = [AlignedRouting(s1, e1, n1, block_m, num_slots)]
-    if big:
-        routings.append(AlignedRouting(s2, e2, n2, big, num_slots))
-    return tuple(routings)
+    return tuple(AlignedRouting(*out, bm, num_slots) for out, bm in zip(outs, blocks))
 
 
 def align_routing(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> AlignedRouting:

@@ -10,7 +10,8 @@ is checked against the fp32 twin on the load's fresh random inputs (NaN-poisoned
 with the L2 flushed before every repetition: one CUDA graph replays (flush, call) N times, another
 (flush) N times; the difference over N is the call's time. bf16 ``torch._grouped_mm`` is timed the same
 way on the same routing. A candidate is ``block_t/mrep/block_k/warps/prefetch`` for both GEMMs, or
-``L1+L2``. --split profiles the per-kernel device times of the pick and the best candidate.
+``L1+L2``; a trailing ``:serial`` runs a split tile's (big_t) two routings one after the other on one
+stream instead of side by side (fused_moe.SPLIT_STREAMS). --split profiles the per-kernel device times of the pick and the best candidate.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ LOADS = {"flash64": ("flash", 64, 6), "pro48": ("pro", 48, 6), "flash32": ("flas
 def parse_cand(spec: str):
     from nvfp4stack.kernels.moe.hopper_w4a16.fused_moe import DecodeConfig
 
-    parts = [DecodeConfig(*(int(v) for v in p.split("/"))) for p in spec.split("+")]
+    parts = [DecodeConfig(*(int(v) for v in p.split("/"))) for p in spec.split(":")[0].split("+")]
     return (parts[0], parts[-1])
 
 
@@ -97,6 +98,7 @@ def main() -> int:
                 for name, cfg in [("pick", None)] + cands:
                     if cfg is not None and not all(c.fits(hidden, inter) for c in cfg):
                         continue
+                    tw.SPLIT_STREAMS = not name.endswith(":serial")
                     try:
                         out = tw.nvfp4_moe_forward_triton(x, k13, k2, wts, ids, swiglu_limit=limit, config=cfg,
                                                           poison=True, mode="w4a16", tiled=tiled)
@@ -115,6 +117,7 @@ def main() -> int:
                     best = min(good, key=lambda n: good[n][0]) if good else "pick"
                     for name in dict.fromkeys(("pick", best)):
                         cfg = None if name == "pick" else dict(cands)[name]
+                        tw.SPLIT_STREAMS = not name.endswith(":serial")
                         s = kernel_split(lambda: tw.nvfp4_moe_forward_triton(
                             x, k13, k2, wts, ids, swiglu_limit=limit, config=cfg, mode="w4a16", tiled=tiled))
                         print(f"{label} {name} per kernel (us, warm L2, eager): {s}", flush=True)

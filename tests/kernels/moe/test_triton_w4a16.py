@@ -38,11 +38,11 @@ def test_registration_and_arch_verdicts():
 
 def test_pick_decode_tiles(monkeypatch):
     """Decode tiles (CPU: the sm90 answer with the capability query patched): below 2 rows/expert an
-    L1 and an L2 tile of their own, from 2 to 10 the 16-token wgmma ring tile, over 10 to 16 the same
-    with busy experts (over 16 rows) in 32-token blocks (big_t), the 32-token ring tile over 16 to 32,
-    and none past 32 rows, off sm90 or on CPU tensors; shapes that do not divide into a tile get the
-    next that fits (the 8-token tile to 6 rows, then the mma.sync 16-token pair, L1 on 2 warps and L2
-    on 4, the 32-token mma.sync tile over 16 rows)."""
+    L1 and an L2 tile of their own, from 2 to 5 the 16-token wgmma ring tile, over 5 to 64 the same
+    with busy experts (over 16 rows) in 32-token blocks (big_t), and none past 64 rows, off sm90 or on
+    CPU tensors; shapes that do not divide into a tile get the next that fits (the 8-token tile to 5
+    rows, then the mma.sync 16-token pair, L1 on 2 warps and L2 on 4, the 32-token mma.sync tile over
+    16 to 32 rows, the Triton tiles past 32)."""
     pytest.importorskip("triton.experimental.gluon")
     from dataclasses import replace
 
@@ -58,15 +58,12 @@ def test_pick_decode_tiles(monkeypatch):
         t16 = tw.pick_decode(2, hidden, inter, cuda)
         assert t16[0] == t16[1] and t16[0].wgmma == 3 and not t16[0].big_t
         assert (t16[0].block_t, t16[0].mrep, t16[0].block_k, t16[0].num_warps, t16[0].prefetch) == (16, 1, 128, 4, 3)
-        assert tw.pick_decode(6, hidden, inter, cuda) == t16 and tw.pick_decode(10, hidden, inter, cuda) == t16
-        split = tw.pick_decode(10.01, hidden, inter, cuda)
+        assert tw.pick_decode(5, hidden, inter, cuda) == t16
+        split = tw.pick_decode(5.01, hidden, inter, cuda)
         assert split[0] == split[1] and split[0] == replace(t16[0], big_t=32)
-        assert tw.pick_decode(16, hidden, inter, cuda) == split
-        t32 = tw.pick_decode(16.01, hidden, inter, cuda)
-        assert t32[0] == t32[1] and t32[0].wgmma == 3 and (t32[0].block_t, t32[0].mrep, t32[0].block_k) == (32, 1, 128)
-        assert tw.pick_decode(32, hidden, inter, cuda) == t32
-        assert tw.pick_decode(32.1, hidden, inter, cuda) is None
-        assert tw.pick_config(32.1)[0].block_m == 64  # one 64-row Triton block from 33 rows
+        assert all(tw.pick_decode(r, hidden, inter, cuda) == split for r in (8, 16, 16.01, 32, 33, 64))
+        assert tw.pick_decode(64.1, hidden, inter, cuda) is None
+        assert tw.pick_config(64.1)[0].block_m == 64  # one 64-row Triton block
     t8 = tw.pick_decode(4, 1152, 640, cuda)  # 640 % 256 != 0: an 8-token tile with BK=128
     assert t8[0].block_t == 8 and all(c.block_k == 128 for c in t8)
     l1, l2 = tw.pick_decode(1, 1152, 640, cuda)  # 1152 % 256 != 0: the L1 tile does not fit
@@ -78,6 +75,7 @@ def test_pick_decode_tiles(monkeypatch):
         m16 = tw.pick_decode(rows, 1152, 1024, cuda)
         assert not m16[0].wgmma and (m16[0].num_warps, m16[1].num_warps) == (2, 4)
     assert not tw.pick_decode(24, 1152, 1024, cuda)[0].wgmma  # likewise the 32-token mma.sync tile
+    assert tw.pick_decode(40, 1152, 1024, cuda) is None  # and past 32 rows the Triton tiles
     assert tw.pick_decode(1, 2880, 2880, cuda) is None  # 2880 is no multiple of either BK (128, 256)
     assert tw.pick_decode(1, 4096, 2048, torch.device("cpu")) is None
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *_: (10, 0))
@@ -209,20 +207,57 @@ def test_decode_kernel_every_config_ragged():
 
 @gpu
 @pytest.mark.gpu
+@pytest.mark.parametrize("streams", [True, False])
 @pytest.mark.parametrize("tokens,top_k,experts", [(3, 2, 8), (90, 6, 8), (40, 6, 16)])
-def test_split_decode_tiles(tokens, top_k, experts):
+def test_split_decode_tiles(tokens, top_k, experts, streams, monkeypatch):
     """Ring tiles with big_t: only small experts (the busy-expert launches find no block), only busy
-    ones (the small launches find none), and both, under Zipf skew; NaN-poisoned scratch."""
+    ones (the small launches find none), and both, under Zipf skew; NaN-poisoned scratch; the busy
+    experts on a side stream (SPLIT_STREAMS) or after the small ones."""
+    from nvfp4stack.kernels.moe.hopper_w4a16 import fused_moe
     from nvfp4stack.kernels.moe.hopper_w4a16.fused_moe import DecodeConfig, decode_available
 
     if not decode_available(torch.device("cuda")):
         pytest.skip("the decode kernels run on sm90 only")
+    monkeypatch.setattr(fused_moe, "SPLIT_STREAMS", streams)
     g = _gen("cuda")
     x, w13, w2, wts, _ = _problem(g, experts=experts, hidden=1024, inter=512, tokens=tokens, top_k=top_k)
     p = 1.0 / torch.arange(1, experts + 1, device="cuda", dtype=torch.float32) ** 1.1
     ids = torch.multinomial(p.expand(tokens, -1), top_k, generator=g).to(torch.int32)
     split = DecodeConfig(16, 1, 128, 4, 3, 3, big_t=32)
-    _check(x, w13, w2, wts, ids, config=(split, split), label="split")
+    _check(x, w13, w2, wts, ids, config=(split, split), label=f"split streams={streams}")
+
+
+@gpu
+@pytest.mark.gpu
+def test_split_decode_in_cuda_graph():
+    """The two-stream split inside a captured CUDA graph (as vLLM runs decode): replays see new inputs
+    and equal the eager call bit for bit."""
+    from nvfp4stack.kernels.moe.hopper_w4a16.fused_moe import DecodeConfig, decode_available, nvfp4_moe_forward_triton
+
+    if not decode_available(torch.device("cuda")):
+        pytest.skip("the decode kernels run on sm90 only")
+    g = _gen("cuda")
+    x, w13, w2, wts, _ = _problem(g, experts=16, hidden=1024, inter=512, tokens=40, top_k=6)
+    p = 1.0 / torch.arange(1, 17, device="cuda", dtype=torch.float32) ** 1.1
+    ids = torch.multinomial(p.expand(40, -1), 6, generator=g).to(torch.int32)
+    split = (DecodeConfig(16, 1, 128, 4, 3, 3, big_t=32),) * 2
+    run = lambda: nvfp4_moe_forward_triton(x, w13, w2, wts, ids, swiglu_limit=LIMIT, config=split)  # noqa: E731
+    run()  # compiles outside the capture
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run()
+    for _ in range(2):  # new activations and routing, same buffers
+        x.copy_(torch.randn(x.shape, generator=g, device="cuda", dtype=x.dtype))
+        ids.copy_(torch.multinomial(p.expand(40, -1), 6, generator=g).to(torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, run())
+        _check(x, w13, w2, wts, ids, config=split, label="split graph")
 
 
 @gpu

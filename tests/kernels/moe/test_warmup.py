@@ -18,8 +18,8 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU
 
 @pytest.mark.parametrize("decode,fp8,expected", [
     # Flash EP shape: 64 local experts, top-6, 4096 x 2048
-    (True, True, [1, 22, 107, 171, 342, 683, 1366]),  # few-row T8 | T16 | split | T32 | 64-row | FP8 | FP8, torch routing
-    (True, False, [1, 22, 107, 171, 342, 1366, 1707]),  # ... | 64-row | 64-row, torch routing | 128-row
+    (True, True, [1, 22, 54, 683, 1366]),  # few-row T8 | 16-token ring | split ring | FP8 | FP8, torch routing
+    (True, False, [1, 22, 54, 683, 1366, 1707]),  # ... | split ring | 64-row | 64-row, torch routing | 128-row
     (False, False, [1, 171, 342, 1366, 1707]),  # no decode kernels: one 16-row Triton tile to 16 rows
 ])
 def test_flash_shape_boundaries(decode, fp8, expected):

@@ -4,21 +4,36 @@ import triton.language as tl
 
 
 @triton.jit
-def _region_out(padded, e_ok, num_experts, num_slots, sorted_ptr, max_padded, expert_ids_ptr, max_blocks,
-                num_padded_ptr, BM: tl.constexpr, CH: tl.constexpr, FILL: tl.constexpr):
-    """One region's slot count, sentinel fill and per-block experts; returns its experts' start slots."""
-    padded_end = tl.cumsum(padded, 0)
-    tl.store(num_padded_ptr, tl.sum(padded, 0))
-    for p0 in range(0, max_padded, FILL):
+def _expert_run(ids_ptr, num_slots, e, count, start, padded, sorted_ptr, expert_ids_ptr,
+                BM: tl.constexpr, CH: tl.constexpr):
+    """Expert e's slots in token-major order at [start, start + count), the sentinel up to its padded
+    end, and its blocks' expert id."""
+    run = start
+    for c0 in range(0, num_slots, CH):
+        offs = c0 + tl.arange(0, CH)
+        ids = tl.load(ids_ptr + offs, mask=offs < num_slots, other=-1).to(tl.int32)
+        hit = ids == e
+        incl = tl.cumsum(hit.to(tl.int32), 0)
+        tl.store(sorted_ptr + run + incl - 1, offs, mask=hit)
+        run += tl.sum(hit.to(tl.int32), 0)
+    pad = start + count + tl.arange(0, BM)
+    tl.store(sorted_ptr + pad, tl.zeros([BM], dtype=tl.int32) + num_slots, mask=pad < start + padded)
+    for b0 in range(start // BM, (start + padded) // BM, CH):
+        blk = b0 + tl.arange(0, CH)
+        tl.store(expert_ids_ptr + blk, tl.zeros([CH], dtype=tl.int32) + e, mask=blk < (start + padded) // BM)
+
+
+@triton.jit
+def _region_tail(total, num_slots, sorted_ptr, max_padded, expert_ids_ptr, max_blocks, num_padded_ptr,
+                 BM: tl.constexpr, FILL: tl.constexpr):
+    """A region's slot count, and the sentinel / -1 past its last expert's run."""
+    tl.store(num_padded_ptr, total)
+    for p0 in range(total, max_padded, FILL):
         offs = p0 + tl.arange(0, FILL)
         tl.store(sorted_ptr + offs, tl.zeros([FILL], dtype=tl.int32) + num_slots, mask=offs < max_padded)
-    for b0 in range(0, max_blocks, CH):
-        blk = b0 + tl.arange(0, CH)
-        start = blk * BM
-        ex = tl.sum(((padded_end[None, :] <= start[:, None]) & e_ok[None, :]).to(tl.int32), axis=1)
-        ex = tl.where(ex < num_experts, ex, -1)
-        tl.store(expert_ids_ptr + blk, ex, mask=blk < max_blocks)
-    return padded_end - padded
+    for b0 in range(total // BM, max_blocks, FILL):
+        blk = b0 + tl.arange(0, FILL)
+        tl.store(expert_ids_ptr + blk, tl.zeros([FILL], dtype=tl.int32) - 1, mask=blk < max_blocks)
 
 
 # per-call sizes are not specialized (one binary per BM): see _triton_kernels._PER_CALL
@@ -30,37 +45,42 @@ def align_kernel(
     EP2: tl.constexpr, BM: tl.constexpr, CH: tl.constexpr, FILL: tl.constexpr,
     SPLIT: tl.constexpr, BM2: tl.constexpr,
 ):
-    """SPLIT == 0: every expert in BM-slot blocks (outputs 2 unused). SPLIT > 0: experts with at most
+    """Grid: num_experts + 1 programs. Program e < num_experts writes expert e's run (its slots, padding
+    and blocks); the last program writes what lies past the last run, and the slot counts. Every
+    program counts all slots per expert itself (a histogram: no program waits for another).
+
+    SPLIT == 0: every expert in BM-slot blocks (outputs 2 unused). SPLIT > 0: experts with at most
     SPLIT slots in BM-slot blocks (outputs 1), the others in BM2-slot blocks (outputs 2)."""
+    pid = tl.program_id(0)
     e_idx = tl.arange(0, EP2)
-    e_ok = e_idx < num_experts
     counts = tl.zeros([EP2], dtype=tl.int32)
     for c0 in range(0, num_slots, CH):
         offs = c0 + tl.arange(0, CH)
-        ids = tl.load(ids_ptr + offs, mask=offs < num_slots, other=-1).to(tl.int32)
-        counts += tl.sum((ids[:, None] == e_idx[None, :]).to(tl.int32), axis=0)
+        ids = tl.load(ids_ptr + offs, mask=offs < num_slots, other=0).to(tl.int32)
+        counts += tl.histogram(ids, EP2, mask=offs < num_slots)
     if SPLIT:
         small = counts <= SPLIT
     else:
         small = counts >= 0
-    run = _region_out(tl.where(small, (counts + BM - 1) // BM * BM, 0), e_ok, num_experts, num_slots, sorted_ptr,
-                      max_padded, expert_ids_ptr, max_blocks, num_padded_ptr, BM, CH, FILL)
-    if SPLIT:
-        run2 = _region_out(tl.where(small, 0, (counts + BM2 - 1) // BM2 * BM2), e_ok, num_experts, num_slots,
-                           sorted2_ptr, max_padded2, expert_ids2_ptr, max_blocks2, num_padded2_ptr, BM2, CH, FILL)
-        run = tl.where(small, run, run2)
-    tl.debug_barrier()  # the sentinel fill above must land before the scatter below
-    for c0 in range(0, num_slots, CH):
-        offs = c0 + tl.arange(0, CH)
-        m = offs < num_slots
-        ids = tl.load(ids_ptr + offs, mask=m, other=-1).to(tl.int32)
-        onehot = (ids[:, None] == e_idx[None, :]).to(tl.int32)
-        incl = tl.cumsum(onehot, 0)
-        dest = tl.sum(onehot * (incl - 1 + run[None, :]), axis=1)
+    valid = e_idx < num_experts
+    padded = tl.where(small & valid, (counts + BM - 1) // BM * BM, 0)
+    padded2 = tl.where(small | ~valid, 0, (counts + BM2 - 1) // BM2 * BM2)  # zeros unless SPLIT
+    end = tl.cumsum(padded, 0)
+    end2 = tl.cumsum(padded2, 0)
+    if pid < num_experts:
+        mine = e_idx == pid
+        count = tl.sum(tl.where(mine, counts, 0), 0)
+        p = tl.sum(tl.where(mine, padded, 0), 0)
+        p2 = tl.sum(tl.where(mine, padded2, 0), 0)
+        if p2 > 0:  # a busy expert (SPLIT)
+            _expert_run(ids_ptr, num_slots, pid, count, tl.sum(tl.where(mine, end2, 0), 0) - p2, p2, sorted2_ptr,
+                        expert_ids2_ptr, BM2, CH)
+        elif p > 0:
+            _expert_run(ids_ptr, num_slots, pid, count, tl.sum(tl.where(mine, end, 0), 0) - p, p, sorted_ptr,
+                        expert_ids_ptr, BM, CH)
+    else:
+        _region_tail(tl.sum(padded, 0), num_slots, sorted_ptr, max_padded, expert_ids_ptr, max_blocks,
+                     num_padded_ptr, BM, FILL)
         if SPLIT:
-            to_small = tl.sum(onehot * small.to(tl.int32)[None, :], axis=1) > 0
-            tl.store(sorted_ptr + dest, offs, mask=m & to_small)
-            tl.store(sorted2_ptr + dest, offs, mask=m & (ids >= 0) & ~to_small)
-        else:
-            tl.store(sorted_ptr + dest, offs, mask=m)
-        run += tl.sum(onehot, axis=0)
+            _region_tail(tl.sum(padded2, 0), num_slots, sorted2_ptr, max_padded2, expert_ids2_ptr, max_blocks2,
+                         num_padded2_ptr, BM2, FILL)

@@ -5,11 +5,11 @@ Two launches over expert-aligned token blocks (routing.py):
   L2  h @ w2[e]^T * routing weight -> rows[T*k, H]; top-k rows summed per token.
 Weights stay packed; tiles are dequantized in registers. Triton is imported only when the
 kernel runs, so CPU hosts can import this module (tile heuristics, tests, benchmarks).
-Decode loads (<= 32 routed rows per expert) on sm90 run Gluon kernels instead: below 2 rows those of
+Decode loads (<= 64 routed rows per expert) on sm90 run Gluon kernels instead: below 2 rows those of
 _decode_gluon.py (weights as the mma.sync M side, operands built in registers, no shared memory),
 from 2 rows the wgmma kernels of _decode_wgmma.py (weights, scales and token tiles through one
-cp.async ring; over 10 to 16 rows busy experts in bigger token blocks of their own launches);
-routing alignment is one Triton launch (routing_triton.py) up to 8192 slots.
+cp.async ring; over 5 rows busy experts in bigger token blocks of their own launches, on a side
+stream); routing alignment is one Triton launch (routing_triton.py) up to 8192 slots.
 Prefill-heavy calls can instead run the FP8 tensor-core mode (fp8_prefill.py, ``mode``/``fp8_weights``).
 """
 from __future__ import annotations
@@ -151,39 +151,39 @@ def pick_config(rows_per_expert: float) -> tuple[TileConfig, TileConfig]:
 
 
 # Decode (<= DECODE_MAX_ROWS_PER_EXPERT routed rows per expert) runs the Gluon kernels (mma.sync below 2
-# rows, the wgmma ring kernels from there)
-# on sm90 when the shape fits their tiles; figures: bench/moe_kernel_notes.md. From 17 to 32 rows
-# the 32-token tile (2 m-tiles x BK=64) takes 9-12% less time than the Triton kernels' 32-row tile
-# (H100, 2026-11-24: Flash 24/32 rows 311/321 vs 343/352 us, Pro 780/812 vs 884/901). From 33 rows
-# it needs two blocks per expert (Flash 48 rows: 559 us) where one Triton 64-row block serves all
-# (443 us at 64 rows): the Triton tiles take over.
-DECODE_MAX_ROWS_PER_EXPERT = 32
+# rows, the wgmma ring kernels from there) on sm90 when the shape fits their tiles; figures:
+# bench/moe_kernel_notes.md. From 33 to 64 rows the split ring (below) takes up to 39% less time than
+# the Triton kernels' 64-row tiles, and never more than 1% more (H200, 2026-11-25, cold L2, 20 reps:
+# Flash 64 experts 40 rows 706 vs 778 us uniform, 640 vs 1011 Zipf; 64 rows 951 vs 1133, 916 vs 1150;
+# Pro 48 64 rows 1874 vs 2177, 1760 vs 2173; 48 rows uniform 1505 vs 1493): past 64 rows, not measured
+# against each other, the Triton tiles stay.
+DECODE_MAX_ROWS_PER_EXPERT = 64
 # (L1, L2) decode tiles; the two GEMMs need only share the routing block (block_t). Routing is never
 # balanced: at an average of 8 rows per expert the busiest expert gets 14-20 rows (uniform top-6 draws
 # over 32-64 experts) and 45-72 under Zipf-1.1 skew, so an 8-token block splits most experts in two
 # and the weights are dequantized twice. Measured on an H200 with the L2 flushed before every call
-# (2026-11-24, tests/kernels/moe/decode_profile.py, Flash/Pro at 32/48/64 experts, uniform and Zipf):
+# (tests/kernels/moe/decode_profile.py, Flash/Pro at 32/48/64 experts, uniform and Zipf):
 # - below 2 rows: L1 8 warps x 1 m-tile x BK=256, L2 2 m-tiles x BK=128 with register prefetch;
-# - 2 to 10 rows: the wgmma kernels (_decode_wgmma.py), 16 tokens, one warpgroup x 64 rows, BK=128,
+# - 2 to 5 rows: the wgmma kernels (_decode_wgmma.py), 16 tokens, one warpgroup x 64 rows, BK=128,
 #   weights, scales and token tiles through a 4-slot cp.async ring (3 K steps in flight), the scales
-#   four K steps at a time in 16-byte copies. It took over from 6 rows first (5-16% less time than the
-#   16-token mma.sync pair at 8-16 rows, 2026-11-25); with the expert bytes in tiles.py's layout (what
-#   triton_w4a16 prepares on sm90) it also beats the 8-token mma.sync tile from 2 rows under skew
-#   (H200, 2026-11-25, cold L2, 30 reps, all four EP loads: Zipf 2-4 rows 2-13% less time, 4 rows
-#   Flash 64 285 vs 321 us, Pro 48 556 vs 625) and is 0-3.5% slower at 2-3 rows for uniform routing,
-#   within 2% from 4 (bench/RESULTS.md, "the 16-token ring from 2 rows").
-#   Fallbacks where it does not divide the shape (64-row tiles, K steps a multiple of 4): up to 6 rows
-#   the 8-token tile (2 m-tiles x BK=256 x 4 warps), then the 16-token mma.sync pair (L1 2 warps x 2
-#   m-tiles x BK=128, L2 4 warps);
-# - over 10 to 16 rows: the same ring tile, but experts holding more than 16 rows in 32-token blocks
-#   of their own launches (big_t, routing.align_split): with 16-token blocks only, a busy expert is
-#   dequantized once per 16 rows (five to ten times under Zipf skew), with 32-token blocks only the
-#   many experts of at most 16 rows pay the bigger tile (fewer CTAs per SM). Same run: Zipf 12-16 rows
-#   2-6% less time than the better of the two single rings (Pro 48 12 rows 759 vs 806 us; Flash 32
-#   within 3%), and against the single ring picked before (16 tokens to 15 rows) up to 15% (Pro 48 14
-#   rows uniform 713 vs 798); uniform 12 rows -2..+12% (Flash 32 219 vs 196). At 8-10 rows it lost
-#   0-6% to the 16-token ring for uniform routing, at 20 rows up to 12% to the 32-token one (Flash 32),
-#   so it is kept to this range. Fallback: the 16-token mma.sync pair.
+#   four K steps at a time in 16-byte copies. With the expert bytes in tiles.py's layout (what
+#   triton_w4a16 prepares on sm90) it beats the 8-token mma.sync tile from 2 rows under skew (2-13%
+#   less time, 2026-11-25) and is 0-3.5% slower at 2-3 rows for uniform routing.
+#   Fallbacks where it does not divide the shape (64-row tiles, K steps a multiple of 4): the 8-token
+#   tile (2 m-tiles x BK=256 x 4 warps), then the two 8-token tiles of 1 row;
+# - over 5 to 64 rows: the same ring tile, but experts holding more than 16 rows in 32-token blocks
+#   (big_t, routing.align_split) of their own launches, on a side stream next to the small experts'
+#   (SPLIT_STREAMS): with 16-token blocks only, a busy expert is dequantized once per 16 rows (five to
+#   ten times under Zipf skew); with 32-token blocks only, the many experts of at most 16 rows pay the
+#   bigger tile (fewer CTAs per SM). H200, 2026-11-25 22:45 UTC, cold L2, 30 reps (RESULTS.md, "the
+#   routing in one launch per expert"): against the 16-token ring, Zipf 6-10 rows 2-15% less time
+#   (Flash 64 10 rows 348 vs 410 us), uniform 6-10 rows -3..+6% (Flash 32 6 rows 185 vs 175); against
+#   the 32-token ring at 16-32 rows up to 10% less (Flash 32 16 rows 181 vs 201, Flash 64 Zipf 408 vs
+#   437), never more than 1.5% more (24-32 rows uniform). One after the other on one stream the two
+#   routings took 1-16% more time at 12-20 rows than side by side (same day, Flash 32 12 rows uniform
+#   223 vs 192 us), within 3% either way at 8 rows. Fallbacks: the 16-token
+#   mma.sync pair (L1 2 warps x 2 m-tiles x BK=128, L2 4 warps) to 16 rows, the 32-token mma.sync
+#   tile (2 m-tiles x BK=64) to 32, then the Triton tiles.
 _DECODE_FEW = (DecodeConfig(block_t=8, mrep=1, block_k=256, num_warps=8, prefetch=0),
                DecodeConfig(block_t=8, mrep=2, block_k=128, num_warps=4, prefetch=1))
 _DECODE_T8 = (DecodeConfig(block_t=8, mrep=2, block_k=256, num_warps=4, prefetch=0),) * 2
@@ -191,18 +191,12 @@ _DECODE_T16_RING = (DecodeConfig(block_t=16, mrep=1, block_k=128, num_warps=4, p
 _DECODE_SPLIT_RING = (DecodeConfig(block_t=16, mrep=1, block_k=128, num_warps=4, prefetch=3, wgmma=3, big_t=32),) * 2
 _DECODE_T16 = (DecodeConfig(block_t=16, mrep=2, block_k=128, num_warps=2, prefetch=0),
                DecodeConfig(block_t=16, mrep=2, block_k=128, num_warps=4, prefetch=0))
-# - over 16 to 32 rows: the wgmma ring kernels with a 32-token tile. Its padding token rows are
-#   zero-filled, not read (at 16 rows per expert half the tile is padding): with that, on an H200
-#   (2026-11-25, cold L2, same run) it takes 469 us against the 16-token ring's 523 at Flash 64
-#   experts, 16 rows uniform, 529 vs 542 Zipf, 889 vs 905 at Pro 48 16 rows uniform; at 20 rows
-#   476 vs 649. Before the padding was skipped the 32-token ring took 550 us at Flash 16 rows; with
-#   the scales in 16-byte copies it takes 424-427 (Pro 48: 763-784 us, was 880-911). Fallback: the
-#   32-token mma.sync tile (2 m-tiles x BK=64).
+# the 32-token ring (sweep candidate; the split's busy-expert tile)
 _DECODE_T32_RING = (DecodeConfig(block_t=32, mrep=1, block_k=128, num_warps=4, prefetch=3, wgmma=3),) * 2
 _DECODE_T32 = (DecodeConfig(block_t=32, mrep=2, block_k=64, num_warps=4, prefetch=0),) * 2
-# the largest average rows per expert each choice takes: the two 8-token pairs (fallbacks from 2 rows),
-# the 16-token ring, the split ring
-DECODE_FEW_MAX_ROWS, DECODE_T8_MAX_ROWS, DECODE_T16_MAX_ROWS, DECODE_SPLIT_MAX_ROWS = 2.0, 6.0, 10.0, 16.0
+# the largest average rows per expert each choice takes: the two 8-token pairs, the 16-token ring, and
+# (fallbacks of the split ring) the 16- and the 32-token mma.sync tiles
+DECODE_FEW_MAX_ROWS, DECODE_RING16_MAX_ROWS, DECODE_T16_MAX_ROWS, DECODE_T32_MAX_ROWS = 2.0, 5.0, 16.0, 32.0
 
 
 def decode_available(device: torch.device) -> bool:
@@ -225,14 +219,14 @@ def decode_pair(rows_per_expert: float, hidden: int, inter: int) -> tuple[Decode
         return None
     if rows_per_expert < DECODE_FEW_MAX_ROWS:
         order = (_DECODE_FEW, _DECODE_T8)
-    elif rows_per_expert <= DECODE_T8_MAX_ROWS:
+    elif rows_per_expert <= DECODE_RING16_MAX_ROWS:
         order = (_DECODE_T16_RING, _DECODE_T8, _DECODE_FEW)
     elif rows_per_expert <= DECODE_T16_MAX_ROWS:
-        order = (_DECODE_T16_RING, _DECODE_T16)
-    elif rows_per_expert <= DECODE_SPLIT_MAX_ROWS:
         order = (_DECODE_SPLIT_RING, _DECODE_T16)
+    elif rows_per_expert <= DECODE_T32_MAX_ROWS:
+        order = (_DECODE_SPLIT_RING, _DECODE_T32)
     else:
-        order = (_DECODE_T32_RING, _DECODE_T32)
+        order = (_DECODE_SPLIT_RING,)
     pairs = [q for p in order for q in (p, (p[1], p[1]), (p[0], p[0]))]
     return next((p for p in pairs if all(c.fits(hidden, inter) for c in p)), None)
 
@@ -385,11 +379,12 @@ def nvfp4_moe_forward_triton(
     has_limit = swiglu_limit is not None
     x_in = xb
     if decode and cfg1.wgmma:
-        from nvfp4stack.kernels.moe.hopper_w4a16.k_order import k_permutation_on
+        from nvfp4stack.kernels.moe.hopper_w4a16.k_order import permute_k
 
-        # cp.async stages the activations verbatim: x goes in the weights' K order (one gather), and
-        # L1 writes h in L2's
-        x_in = xb.index_select(1, k_permutation_on(hidden, cfg1.block_k, x.device))
+        # cp.async stages the activations verbatim: x goes in the weights' K order (one strided copy),
+        # and L1 writes h in L2's
+        x_in = permute_k(xb, cfg1.block_k)
+    launches = []
     row0 = 0
     for routing, c1, c2 in parts:
         inter_buf = inter_all[row0:row0 + routing.sorted_ids.numel()]
@@ -400,8 +395,33 @@ def nvfp4_moe_forward_triton(
                    *ids, top_k, inter, hidden)
         l2_args = (inter_buf, inter_buf.stride(0), *_weight_args(w2_data, w2_scale, gs2), route_w, rows,
                    rows.stride(0), *ids, hidden, inter)
-        _launch_gemms(c1, c2, l1_args, l2_args, routing.max_blocks, inter, hidden, limit, has_limit, tiled)
+        launches.append((c1, c2, l1_args, l2_args, routing.max_blocks, inter, hidden, limit, has_limit, tiled))
+    if len(launches) == 2 and SPLIT_STREAMS:
+        # the two routings share nothing but x and disjoint rows of h / the top-k rows: the busy experts'
+        # launches run on a side stream, next to the small experts' (forked from and joined to the
+        # caller's stream, so CUDA-graph capture records two branches)
+        main, side = torch.cuda.current_stream(x.device), _side_stream(x.device)
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            _launch_gemms(*launches[1])
+        _launch_gemms(*launches[0])
+        main.wait_stream(side)
+    else:
+        for args in launches:
+            _launch_gemms(*args)
     return _topk_sum(rows, tokens, top_k, hidden, out_dtype)
+
+
+# split decode (DecodeConfig.big_t): the busy experts' launches on a side stream (False: after the small ones)
+SPLIT_STREAMS = True
+_SIDE_STREAMS: dict = {}
+
+
+def _side_stream(device: torch.device):
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SIDE_STREAMS:
+        _SIDE_STREAMS[index] = torch.cuda.Stream(device=index)
+    return _SIDE_STREAMS[index]
 
 
 def _launch_gemms(cfg1, cfg2, l1_args: tuple, l2_args: tuple, nblocks: int, inter: int, hidden: int, limit: float,

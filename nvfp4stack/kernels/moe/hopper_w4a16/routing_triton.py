@@ -2,10 +2,13 @@
 
 routing.align_by_expert is ~20 small torch kernels (scatter, two cumsums, a stable argsort,
 searchsorted, ...): 47-78 us of a 270 us decode step at the bench "flash" shape (H 4096,
-I 2048) in CUDA-graph replay on an H200 (bench/moe_kernel_notes.md). Here one program of 8 warps does it: per-expert counts, padded
-offsets, sentinel fill, per-block expert ids, then each slot's destination from its rank among
-earlier slots of the same expert (a cumulative sum over a [chunk, experts] one-hot), which
-keeps the token-major order that the stable sort gives. Same outputs, bit for bit.
+I 2048) in CUDA-graph replay on an H200 (bench/moe_kernel_notes.md). Here one launch of one program
+per expert (_routing_kernel.py) does it: each counts the slots of every expert (a histogram), so it
+knows where its expert's run starts, then writes its slots in token-major order (their rank from a
+cumulative sum of its matches, the order the stable sort gives), its padding and its blocks' expert
+id; one more program writes what lies past the last run. Same outputs, bit for bit. The first
+version, one program for all experts (a cumulative sum over a [chunk, experts] one-hot), took 27-39
+us at 48-64 experts on an H200; this one 3-5 us (bench/RESULTS.md).
 Used up to ``MAX_SLOTS`` routed slots; past that the torch version (parallel sort) is faster.
 """
 from __future__ import annotations
@@ -45,11 +48,10 @@ def _launch(topk_ids: torch.Tensor, num_experts: int, sizes: tuple[int, ...], bl
     # the unsplit kernel takes the one region's buffers twice and leaves the second set alone
     (s1, e1, n1), (s2, e2, n2) = outs[0], outs[-1]
     ep2 = max(16, 1 << (num_experts - 1).bit_length())
-    ch = max(16, 8192 // ep2)
-    align_kernel[(1,)](
+    align_kernel[(num_experts + 1,)](
         flat, num_slots, num_experts, s1, s1.numel(), e1, e1.numel(), n1, s2, s2.numel(), e2, e2.numel(), n2,
-        EP2=ep2, BM=blocks[0], CH=ch, FILL=1024, SPLIT=blocks[0] if len(blocks) == 2 else 0, BM2=blocks[-1],
-        num_warps=8,
+        EP2=ep2, BM=blocks[0], CH=1024, FILL=1024, SPLIT=blocks[0] if len(blocks) == 2 else 0, BM2=blocks[-1],
+        num_warps=4,
     )
     return tuple(AlignedRouting(*out, bm, num_slots) for out, bm in zip(outs, blocks))
 

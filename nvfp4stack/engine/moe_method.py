@@ -40,6 +40,17 @@ def _shared_scale(t: torch.Tensor, what: str, prefix: str) -> torch.Tensor:
     return t.contiguous().float()
 
 
+def local_routing(expert_map: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                  skips_negative: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Global expert ids -> this rank's (vLLM's ``expert_map``: -1 for other ranks' experts). A backend
+    that skips negative ids gets them as they are, so their slots cost nothing (with vLLM's all-gather
+    dispatch at EP 8, ~7/8 of the slots); the others get such slots on expert 0 with weight 0."""
+    local = expert_map[topk_ids.long()].to(topk_ids.dtype)
+    if skips_negative:
+        return topk_weights, local
+    return torch.where(local < 0, torch.zeros_like(topk_weights), topk_weights), local.clamp(min=0)
+
+
 @torch.library.custom_op("nvfp4stack::moe_forward", mutates_args=())
 def moe_forward_op(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
                    swiglu_limit: Optional[float], activation: str, kernel: str, tiled: bool,
@@ -138,10 +149,9 @@ class Nvfp4StackModelOptMoE(ModelOptNvFp4FusedMoE):
         if layer.apply_router_weight_on_input:
             raise NotImplementedError(f"{self.prefix}: apply_router_weight_on_input is not supported by "
                                       f"{self.kernel}; use a vLLM MoE backend for this model")
-        if layer.expert_map is not None:  # expert parallel: global ids -> local, others dropped
-            local = layer.expert_map[topk_ids.long()]
-            topk_weights = torch.where(local < 0, torch.zeros_like(topk_weights), topk_weights)
-            topk_ids = local.clamp(min=0)
+        if layer.expert_map is not None:  # expert parallel: global ids -> local, -1 for other ranks' experts
+            topk_weights, topk_ids = local_routing(layer.expert_map, topk_weights, topk_ids,
+                                                   MOE_BACKENDS.get(self.kernel).skips_negative_ids)
         limit = getattr(layer, "swiglu_limit", None)
         return moe_forward_op(x, topk_weights, topk_ids, None if limit is None else float(limit),
                               layer.activation.value, self.kernel, self.prepared.tiled, *self.op_tensors)

@@ -103,6 +103,9 @@ class MoeBackend(KernelBackend):
 
     kind = "moe"
     vllm_moe_backend: ClassVar[str | None] = None  # value of vLLM's --moe-backend, if any
+    # apply takes -1 in topk_ids (a slot routed to another rank's expert under expert parallelism) and
+    # computes nothing for it; False: the caller maps such slots to expert 0 with weight 0
+    skips_negative_ids: ClassVar[bool] = False
 
     @classmethod
     @abstractmethod

@@ -137,6 +137,24 @@ def test_engine_plan_from_planner_plan_keeps_per_layer_decisions():
                                  family="qwen3_moe"), mtp_draft=True)
 
 
+def test_local_routing_under_expert_parallel():
+    """Global -> local expert ids (vLLM's expert_map, -1 for other ranks' experts): a backend that skips
+    negative ids gets them as they are; the others get those slots on expert 0 with weight 0."""
+    from nvfp4stack.engine.moe_method import local_routing
+    from nvfp4stack.kernels.base import MOE_BACKENDS
+
+    expert_map = torch.tensor([-1, -1, 0, 1, -1, 2], dtype=torch.int32)  # this rank holds experts 2, 3, 5
+    ids = torch.tensor([[2, 0], [4, 5], [3, 1]], dtype=torch.int64)
+    wts = torch.tensor([[0.6, 0.4], [0.3, 0.7], [0.5, 0.5]])
+    w, local = local_routing(expert_map, wts, ids, skips_negative=True)
+    assert torch.equal(local, torch.tensor([[0, -1], [-1, 2], [1, -1]])) and local.dtype == ids.dtype
+    assert torch.equal(w, wts)
+    w, local = local_routing(expert_map, wts, ids, skips_negative=False)
+    assert torch.equal(local, torch.tensor([[0, 0], [0, 2], [1, 0]]))
+    assert torch.equal(w, torch.tensor([[0.6, 0.0], [0.0, 0.7], [0.5, 0.0]]))
+    assert MOE_BACKENDS.get("triton_w4a16").skips_negative_ids and not MOE_BACKENDS.get("torch_emulation").skips_negative_ids
+
+
 class FakeExpertsLayer(torch.nn.Module):
     """The parameters vLLM's ModelOptNvFp4FusedMoE.create_weights registers, filled by the loader."""
 

@@ -24,6 +24,7 @@ class TritonW4A16Moe(MoeBackend):
 
     provider = "nvfp4stack"
     schemes = (Scheme.NVFP4, Scheme.NVFP4_W4A16)
+    skips_negative_ids = True  # routing drops them, the top-k combine skips their rows
 
     @classmethod
     def supports_arch(cls, arch: Arch) -> Verdict:

@@ -15,26 +15,34 @@ def _seed() -> int:
     return seed
 
 
+def _other_ranks(ids: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    """About half the slots routed to another rank's expert (-1, as the engine passes them under EP)."""
+    return torch.where(torch.rand(ids.shape, generator=g) < 0.5, -1, ids)
+
+
+@pytest.mark.parametrize("ep", [False, True])
 @pytest.mark.parametrize("tokens,top_k,experts,block_m", [(37, 6, 8, 16), (5, 2, 16, 16), (300, 4, 32, 64), (1, 1, 4, 128)])
-def test_alignment_invariants(tokens, top_k, experts, block_m):
+def test_alignment_invariants(tokens, top_k, experts, block_m, ep):
     g = torch.Generator().manual_seed(_seed())
     # ragged: expert 0 takes most slots, some experts get none
     probs = torch.rand(experts, generator=g) ** 4
     probs[0] = probs.sum() * 3
     probs[-1] = 0
     ids = torch.stack([torch.multinomial(probs, top_k, replacement=False, generator=g) for _ in range(tokens)])
+    if ep:  # slots of other ranks' experts (-1) land nowhere
+        ids = _other_ranks(ids, g)
     r = align_by_expert(ids, experts, block_m)
     slots = tokens * top_k
     flat = ids.reshape(-1)
-    counts = torch.bincount(flat, minlength=experts)
+    counts = torch.bincount(flat[flat >= 0], minlength=experts)
     padded = (counts + block_m - 1) // block_m * block_m
 
     assert r.sorted_ids.numel() == max_padded_slots(slots, experts, block_m)
     assert int(r.num_padded) == int(padded.sum())
     used = r.sorted_ids[: int(r.num_padded)]
     real = used[used < slots]
-    # each slot exactly once
-    assert torch.equal(real.sort().values, torch.arange(slots, dtype=torch.int32))
+    # each slot of this rank's experts exactly once
+    assert torch.equal(real.sort().values, (flat >= 0).nonzero().squeeze(1).to(torch.int32))
     # nothing real past the used range
     assert bool((r.sorted_ids[int(r.num_padded):] == slots).all())
     # every block holds slots of the expert it is labelled with, and slots keep token order
@@ -50,17 +58,20 @@ def test_alignment_invariants(tokens, top_k, experts, block_m):
     assert bool((r.expert_ids[nb:] == -1).all())
 
 
+@pytest.mark.parametrize("ep", [False, True])
 @pytest.mark.parametrize("tokens,top_k,experts", [(64, 6, 64), (200, 6, 48), (3, 4, 32), (37, 6, 8), (1, 1, 4)])
-def test_split_regions(tokens, top_k, experts):
+def test_split_regions(tokens, top_k, experts, ep):
     """align_split: experts of at most 16 slots in 16-slot blocks, the others in 32-slot blocks; every
     slot lands once in one of the two, in token order, under Zipf-skewed routing."""
     g = torch.Generator().manual_seed(_seed())
     probs = 1.0 / torch.arange(1, experts + 1, dtype=torch.float32) ** 1.1
     probs[-1] = 0  # one expert gets nothing
     ids = torch.stack([torch.multinomial(probs, top_k, replacement=False, generator=g) for _ in range(tokens)])
+    if ep:
+        ids = _other_ranks(ids, g)
     small, big = align_split(ids, experts, 16, 32)
     slots, flat = tokens * top_k, ids.reshape(-1)
-    counts = torch.bincount(flat, minlength=experts)
+    counts = torch.bincount(flat[flat >= 0], minlength=experts)
     assert (small.sorted_ids.numel(), big.sorted_ids.numel()) == split_padded_slots(slots, experts, 16, 32)
     seen = []
     for r, bm, mine in ((small, 16, counts <= 16), (big, 32, counts > 16)):
@@ -74,7 +85,7 @@ def test_split_regions(tokens, top_k, experts):
             assert real.numel() > 0 and bool(mine[e]) and bool((flat[real] == e).all())
             assert bool((real[1:] > real[:-1]).all())
         seen.append(r.sorted_ids[:n][r.sorted_ids[:n] < slots])
-    assert torch.equal(torch.cat(seen).sort().values, torch.arange(slots, dtype=torch.int32))
+    assert torch.equal(torch.cat(seen).sort().values, (flat >= 0).nonzero().squeeze(1).to(torch.int32))
     with pytest.raises(ValueError, match="small < big"):
         align_split(ids, experts, 32, 16)
 
@@ -97,8 +108,9 @@ for tokens, k, e, bm in [(37, 6, 8, 16), (5, 2, 16, 8), (300, 4, 32, 8), (1, 1, 
     probs[0] = probs.sum() * 3
     probs[-1] = 0
     ids = torch.stack([torch.multinomial(probs, k, replacement=False, generator=g) for _ in range(tokens)])
-    for dt in (torch.int32, torch.int64):
-        i = ids.to(dt).to(dev)
+    other_ranks = torch.where(torch.rand(ids.shape, generator=g) < 0.5, -1, ids)  # -1: dropped (EP)
+    for dt, src in ((torch.int32, ids), (torch.int64, ids), (torch.int32, other_ranks)):
+        i = src.to(dt).to(dev)
         pairs = [(align_by_expert(i, e, bm), align_by_expert_triton(i, e, bm))]
         pairs += zip(align_split(i, e, bm, 2 * bm), align_split_triton(i, e, bm, 2 * bm))
         for a, b in pairs:

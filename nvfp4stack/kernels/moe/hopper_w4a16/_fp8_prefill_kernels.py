@@ -58,7 +58,8 @@ def combine_topk_kernel(
     y_ptr, stride_y, pos_ptr, w_ptr, out_ptr, stride_out, H,
     TOP_K: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    """out[t] = sum_j w[t, j] * y[pos[t, j]] in fp32 (pos: padded row of slot t*k + j)."""
+    """out[t] = sum_j w[t, j] * y[pos[t, j]] in fp32 (pos: padded row of slot t*k + j; -1: in no
+    block, another rank's expert, skipped)."""
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < H
@@ -66,5 +67,5 @@ def combine_topk_kernel(
     for j in tl.static_range(TOP_K):
         pos = tl.load(pos_ptr + t * TOP_K + j).to(tl.int64)
         w = tl.load(w_ptr + t * TOP_K + j)
-        acc += w * tl.load(y_ptr + pos * stride_y + offs, mask=mask, other=0.0).to(tl.float32)
+        acc += w * tl.load(y_ptr + pos * stride_y + offs, mask=mask & (pos >= 0), other=0.0).to(tl.float32)
     tl.store(out_ptr + t * stride_out + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)

@@ -56,8 +56,8 @@ def align_kernel(
     counts = tl.zeros([EP2], dtype=tl.int32)
     for c0 in range(0, num_slots, CH):
         offs = c0 + tl.arange(0, CH)
-        ids = tl.load(ids_ptr + offs, mask=offs < num_slots, other=0).to(tl.int32)
-        counts += tl.histogram(ids, EP2, mask=offs < num_slots)
+        ids = tl.load(ids_ptr + offs, mask=offs < num_slots, other=-1).to(tl.int32)
+        counts += tl.histogram(ids, EP2, mask=ids >= 0)  # negative ids: another rank's experts, dropped
     if SPLIT:
         small = counts <= SPLIT
     else:

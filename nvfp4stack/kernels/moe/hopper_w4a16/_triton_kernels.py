@@ -286,13 +286,15 @@ def l2_combine_kernel(
 
 
 @triton.jit
-def topk_sum_kernel(rows_ptr, out_ptr, H, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
+def topk_sum_kernel(rows_ptr, ids_ptr, out_ptr, H, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
     """out[t, :] = sum_j rows[t*TOP_K + j, :] in fp32, cast once: the top-k combine in one launch
-    (the torch form, sum(dtype=fp32) then .to(), is two)."""
+    (the torch form, sum(dtype=fp32) then .to(), is two). Slots whose expert id is negative (another
+    rank's expert) were computed by no block: their rows are skipped, not read."""
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = offs < H
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     for j in tl.static_range(TOP_K):
-        acc += tl.load(rows_ptr + (t * TOP_K + j) * H + offs, mask=m, other=0.0).to(tl.float32)
+        mine = m & (tl.load(ids_ptr + t * TOP_K + j) >= 0)
+        acc += tl.load(rows_ptr + (t * TOP_K + j) * H + offs, mask=mine, other=0.0).to(tl.float32)
     tl.store(out_ptr + t * H + offs, acc.to(out_ptr.dtype.element_ty), mask=m)

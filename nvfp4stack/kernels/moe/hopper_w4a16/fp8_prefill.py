@@ -165,9 +165,10 @@ def swiglu_quant_rows(h: torch.Tensor, swiglu_limit: float | None, poison: bool 
 
 
 def combine_topk(y: torch.Tensor, pos: torch.Tensor, weights: torch.Tensor, out_dtype, poison=False):
-    """out[t] = sum_j weights[t, j] * y[pos[t, j]] in fp32; y [P, H], pos/weights [T, k]."""
+    """out[t] = sum_j weights[t, j] * y[pos[t, j]] in fp32; y [P, H], pos/weights [T, k]; pos -1: skipped."""
     if not y.is_cuda:
-        return (y[pos.to(torch.int64)].float() * weights.float()[..., None]).sum(1).to(out_dtype)
+        rows = y[pos.clamp(min=0).to(torch.int64)].float() * weights.float()[..., None]
+        return torch.where((pos >= 0)[..., None], rows, 0.0).sum(1).to(out_dtype)
     from nvfp4stack.kernels.moe.hopper_w4a16._fp8_prefill_kernels import combine_topk_kernel
 
     tokens, top_k = pos.shape
@@ -217,8 +218,9 @@ def fp8_moe_forward(
     h = gmm(xq, fp8.w13.transpose(1, 2), xs, fp8.w13_scale, offs=offs, out_dtype=torch.bfloat16)  # [P, 2I]
     hq, hs = swiglu_quant_rows(h, swiglu_limit, poison)  # [P, I]
     y = gmm(hq, fp8.w2.transpose(1, 2), hs, fp8.w2_scale, offs=offs, out_dtype=torch.bfloat16)  # [P, H]
-    # padded row of every slot; the sentinel slots land on the dropped extra entry
-    pos = torch.empty(tokens * top_k + 1, dtype=torch.int32, device=x.device)
+    # padded row of every slot; the sentinel slots land on the dropped extra entry, the slots of negative
+    # ids (another rank's experts: in no block) keep -1, which the combine skips
+    pos = torch.full((tokens * top_k + 1,), -1, dtype=torch.int32, device=x.device)
     pos[routing.sorted_ids.to(torch.int64)] = torch.arange(tok.numel(), dtype=torch.int32, device=x.device)
     return combine_topk(y, pos[:-1].view(tokens, top_k), topk_weights, x.dtype, poison)
 

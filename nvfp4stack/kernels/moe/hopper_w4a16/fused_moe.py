@@ -409,7 +409,7 @@ def nvfp4_moe_forward_triton(
     else:
         for args in launches:
             _launch_gemms(*args)
-    return _topk_sum(rows, tokens, top_k, hidden, out_dtype)
+    return _topk_sum(rows, topk_ids, hidden, out_dtype)
 
 
 # split decode (DecodeConfig.big_t): the busy experts' launches on a side stream (False: after the small ones)
@@ -447,13 +447,15 @@ def _weight_args(data: torch.Tensor, scale: torch.Tensor, global_scale: torch.Te
     return (data, data.stride(0), data.stride(1), scale, scale.stride(0), scale.stride(1), global_scale)
 
 
-def _topk_sum(rows: torch.Tensor, tokens: int, top_k: int, hidden: int, out_dtype) -> torch.Tensor:
-    """Top-k combine in fp32 (like vLLM's moe_sum), one launch."""
+def _topk_sum(rows: torch.Tensor, topk_ids: torch.Tensor, hidden: int, out_dtype) -> torch.Tensor:
+    """Top-k combine in fp32 (like vLLM's moe_sum), one launch; slots of negative ids skipped."""
     from nvfp4stack.kernels.moe.hopper_w4a16._triton_kernels import topk_sum_kernel
 
+    tokens, top_k = topk_ids.shape
     out = torch.empty((tokens, hidden), dtype=out_dtype, device=rows.device)
     block = 1024
-    topk_sum_kernel[(tokens, triton_cdiv(hidden, block))](rows, out, hidden, TOP_K=top_k, BLOCK=block, num_warps=4)
+    topk_sum_kernel[(tokens, triton_cdiv(hidden, block))](rows, topk_ids.contiguous(), out, hidden, TOP_K=top_k,
+                                                          BLOCK=block, num_warps=4)
     return out
 
 

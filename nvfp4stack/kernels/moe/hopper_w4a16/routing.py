@@ -3,6 +3,8 @@
 Pure torch, no host sync, so it runs unchanged on CPU (tests) and GPU (inside the Triton path).
 Same contract as vLLM's ``moe_align_block_size`` (fused_moe/moe_align_block_size.py): padded
 slots hold the sentinel ``T*k``, and every block of ``block_m`` sorted slots belongs to one expert.
+Slots with a negative expert id (another rank's expert under expert parallelism) appear nowhere: no
+block computes them, and the top-k combine skips them.
 """
 from __future__ import annotations
 
@@ -86,7 +88,8 @@ def _sort_slots(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor,
         )
     flat = topk_ids.reshape(-1).to(torch.int64)
     counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
-    counts.scatter_add_(0, flat, torch.ones_like(flat))  # bincount would sync on CUDA
+    # bincount would sync on CUDA; negative ids (another rank's experts) count nowhere and sort first
+    counts.scatter_add_(0, flat.clamp(min=0), (flat >= 0).to(torch.int64))
     return flat, counts, torch.argsort(flat, stable=True)
 
 
@@ -99,11 +102,14 @@ def _align_region(flat: torch.Tensor, counts: torch.Tensor, order: torch.Tensor,
     padded = torch.where(keep, (counts + block_m - 1) // block_m * block_m, 0)
     padded_end = torch.cumsum(padded, 0)
     padded_start = padded_end - padded
-    count_start = torch.cumsum(counts, 0) - counts
+    dropped = (flat < 0).sum()  # sorted before every expert's slots
+    count_start = torch.cumsum(counts, 0) - counts + dropped
 
     expert_of = flat[order]
+    valid = expert_of >= 0
+    expert_of = expert_of.clamp(min=0)
     rank = torch.arange(num_slots, device=device) - count_start[expert_of]
-    dest = torch.where(keep[expert_of], padded_start[expert_of] + rank, max_padded)
+    dest = torch.where(valid & keep[expert_of], padded_start[expert_of] + rank, max_padded)
 
     sorted_ids = torch.full((max_padded + 1,), num_slots, dtype=torch.int32, device=device)
     sorted_ids[dest] = order.to(torch.int32)

@@ -10,6 +10,7 @@ parameters' storage) and its ``apply`` runs them (kernels/base.py: MoeBackend).
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Optional
 
@@ -53,7 +54,7 @@ def local_routing(expert_map: torch.Tensor, topk_weights: torch.Tensor, topk_ids
 
 @torch.library.custom_op("nvfp4stack::moe_forward", mutates_args=())
 def moe_forward_op(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
-                   swiglu_limit: Optional[float], activation: str, kernel: str, tiled: bool,
+                   swiglu_limit: Optional[float], activation: str, kernel: str, tiled: bool, routed_experts: int,
                    w13_data: torch.Tensor, w13_scale: torch.Tensor, w13_gs: torch.Tensor,
                    w2_data: torch.Tensor, w2_scale: torch.Tensor, w2_gs: torch.Tensor,
                    a13_scale: Optional[torch.Tensor], a2_scale: Optional[torch.Tensor],
@@ -61,17 +62,17 @@ def moe_forward_op(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.
                    fp8_w2: Optional[torch.Tensor], fp8_w2_scale: Optional[torch.Tensor]) -> torch.Tensor:
     """Opaque op around the backend's ``apply``: vLLM's torch.compile traces the model in one
     graph, and the emulation's data-dependent loop (experts that received tokens) must not be
-    traced. The tensors are ``PackedExperts.op_tensors()``, ``tiled`` its layout flag."""
+    traced. The tensors are ``PackedExperts.op_tensors()``, ``tiled`` and ``routed_experts`` its fields."""
     prepared = PackedExperts.from_op_tensors(w13_data, w13_scale, w13_gs, w2_data, w2_scale, w2_gs,
                                              a13_scale, a2_scale, fp8_w13, fp8_w13_scale, fp8_w2, fp8_w2_scale,
-                                             tiled)
+                                             tiled, routed_experts)
     with triton_jit_hook_suspended():  # vLLM 0.26's JIT monitor cannot serialize Gluon layouts
         return MOE_BACKENDS.get(kernel).apply(prepared, x, topk_weights, topk_ids, swiglu_limit=swiglu_limit,
                                               activation=activation)
 
 
 @moe_forward_op.register_fake
-def _(x, topk_weights, topk_ids, swiglu_limit, activation, kernel, tiled, *tensors):
+def _(x, topk_weights, topk_ids, swiglu_limit, activation, kernel, tiled, routed_experts, *tensors):
     return torch.empty_like(x)
 
 
@@ -133,6 +134,8 @@ class Nvfp4StackModelOptMoE(ModelOptNvFp4FusedMoE):
         if not isinstance(prepared, PackedExperts):
             raise TypeError(f"{p}: backend {self.kernel} prepared a {type(prepared).__name__}; this method "
                             "carries PackedExperts through its custom op: return one from prepare")
+        if getattr(layer, "expert_map", None) is not None:  # ids arrive global (the map's index): rows per
+            prepared = dataclasses.replace(prepared, routed_experts=layer.expert_map.numel())  # expert over all
         if prepared.tiled:  # the parameters now hold the tiled bytes: no second copy of the experts stays
             layer.w13_weight.data = prepared.weights.w13.data
             layer.w2_weight.data = prepared.weights.w2.data
@@ -154,4 +157,5 @@ class Nvfp4StackModelOptMoE(ModelOptNvFp4FusedMoE):
                                                    MOE_BACKENDS.get(self.kernel).skips_negative_ids)
         limit = getattr(layer, "swiglu_limit", None)
         return moe_forward_op(x, topk_weights, topk_ids, None if limit is None else float(limit),
-                              layer.activation.value, self.kernel, self.prepared.tiled, *self.op_tensors)
+                              layer.activation.value, self.kernel, self.prepared.tiled, self.prepared.routed_experts,
+                              *self.op_tensors)

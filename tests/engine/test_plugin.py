@@ -262,6 +262,60 @@ def test_moe_method_fp8_prefill_builds_the_copy_once_and_hands_it_to_the_backend
                               prefix="p", fp8_prefill=True).process_weights_after_loading(layer)
 
 
+def test_moe_method_under_expert_parallel(registered, monkeypatch):
+    """EP: vLLM hands the method global ids and its expert_map. triton_w4a16 (here with ``apply`` and
+    ``warm_up`` recording, its kernels need a GPU) gets the other ranks' slots as -1 and the router's
+    expert count, which its tile choice and warm-up divide the rows by."""
+    from nvfp4stack.engine.moe_method import Nvfp4StackModelOptMoE
+    from nvfp4stack.formats.nvfp4 import quantize_nvfp4
+    from nvfp4stack.kernels.base import MOE_BACKENDS
+    from nvfp4stack.kernels.moe.hopper_w4a16.fused_moe import routed_rows_per_expert
+    from nvfp4stack.kernels.moe.hopper_w4a16.torch_twin import nvfp4_moe_forward
+    from nvfp4stack.kernels.moe.triton_w4a16 import TritonW4A16Moe
+    from nvfp4stack.schemes import Scheme
+
+    seen = {}
+
+    class Recorder(TritonW4A16Moe):
+        @classmethod
+        def apply(cls, prepared, x, topk_weights, topk_ids, *, swiglu_limit=None, activation="silu"):
+            seen.update(ids=topk_ids, routed=prepared.routed_experts)
+            w = prepared.weights
+            kept = torch.where(topk_ids < 0, torch.zeros_like(topk_weights), topk_weights)
+            return nvfp4_moe_forward(x, w.w13, w.w2, kept, topk_ids.clamp(min=0))
+
+        @classmethod
+        def warm_up(cls, prepared, *, top_k, max_tokens, swiglu_limit):
+            seen.update(warm=prepared.routed_experts)
+            return []
+
+    monkeypatch.setitem(MOE_BACKENDS._items, "ep_recorder", Recorder)
+    g = torch.Generator().manual_seed(random.randrange(2**31))
+    E, G, H, I, T, K = 4, 16, 64, 32, 7, 2  # 4 local experts of 16: this rank holds global 8..11
+    w13, w2 = quantize_nvfp4(torch.randn(E, 2 * I, H, generator=g)), quantize_nvfp4(torch.randn(E, H, I, generator=g))
+    layer = FakeExpertsLayer(w13, w2, torch.ones(E), torch.ones(E))
+    layer.expert_map = torch.full((G,), -1, dtype=torch.int32)
+    layer.expert_map[8:12] = torch.arange(E, dtype=torch.int32)
+    m = Nvfp4StackModelOptMoE.__new__(Nvfp4StackModelOptMoE)
+    Nvfp4StackModelOptMoE.__init__(m, None, _moe_config(), kernel="ep_recorder", scheme=Scheme.NVFP4_W4A16,
+                                   prefix="model.layers.1.mlp.experts")
+    m.process_weights_after_loading(layer)
+    assert seen["warm"] == G and m.prepared.routed_experts == G
+    x = torch.randn(T, H, generator=g)
+    ids = torch.stack([torch.randperm(G, generator=g)[:K] for _ in range(T)])
+    ids[0, 0] = 9  # one slot surely here
+    wts = torch.rand(T, K, generator=g)
+    got = m.apply(layer, x, wts, ids, None, None)
+    local = layer.expert_map[ids.long()]
+    assert torch.equal(seen["ids"], local.to(ids.dtype)) and seen["routed"] == G
+    want = nvfp4_moe_forward(x, w13, w2, torch.where(local < 0, 0.0, wts), local.clamp(min=0))
+    assert torch.equal(got, want) and got.abs().sum() > 0
+    # rows per expert over all 16 experts (not the 4 here), and a count below the local one refused
+    assert routed_rows_per_expert(T, K, E, G) == T * K / G and routed_rows_per_expert(T, K, E) == T * K / E
+    with pytest.raises(ValueError, match="routed_experts: expected 0 or at least the 4 local experts"):
+        routed_rows_per_expert(T, K, E, 2)
+
+
 def test_engine_plan_carries_fp8_prefill_for_triton_w4a16_only():
     from nvfp4stack.cli import compose_config
     from nvfp4stack.plan.planner import PlanError

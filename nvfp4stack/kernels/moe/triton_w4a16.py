@@ -76,7 +76,7 @@ class TritonW4A16Moe(MoeBackend):
         w = prepared.weights
         return nvfp4_moe_forward_triton(x, w.w13, w.w2, topk_weights, topk_ids, swiglu_limit=swiglu_limit,
                                         activation=activation, mode="auto", fp8_weights=prepared.fp8,
-                                        tiled=prepared.tiled)
+                                        tiled=prepared.tiled, routed_experts=prepared.routed_experts)
 
     @classmethod
     def warm_up(cls, prepared: PackedExperts, *, top_k: int, max_tokens: int,
@@ -85,4 +85,4 @@ class TritonW4A16Moe(MoeBackend):
 
         w = prepared.weights
         return warm_up(w.w13, w.w2, top_k, max_tokens, swiglu_limit=swiglu_limit, fp8_weights=prepared.fp8,
-                       tiled=prepared.tiled)
+                       tiled=prepared.tiled, routed_experts=prepared.routed_experts)

@@ -27,6 +27,15 @@ def test_flash_shape_boundaries(decode, fp8, expected):
     assert counts == expected
 
 
+def test_expert_parallel_boundaries():
+    """EP 8 (64 of 512 experts here, ids global): rows per expert count over the 512, so every tile
+    boundary sits at 8x the tokens; the routing still switches to torch past 8192 slots."""
+    local = wu.warmup_token_counts(6, 64, 4096, 2048, 8192, decode=True, has_fp8=False)
+    ep = wu.warmup_token_counts(6, 64, 4096, 2048, 8192, decode=True, has_fp8=False, routed_experts=512)
+    # FEW | 16-token ring | split ring | split ring, torch routing | 64-row Triton tile
+    assert ep == [1, 171, 427, 1366, 5462] and local[:3] == [1, 22, 54]
+
+
 def test_budget_cuts_the_list_and_every_count_has_its_own_key():
     full = wu.warmup_token_counts(6, 48, 7168, 3072, 16384, decode=True, has_fp8=True)  # Pro EP shape
     assert full[0] == 1 and full == sorted(set(full))

@@ -295,6 +295,17 @@ def global_scale_per_expert(t: "Nvfp4Tensor", num_experts: int, name: str) -> to
     return gs.contiguous()
 
 
+def routed_rows_per_expert(tokens: int, top_k: int, num_experts: int, routed_experts: int = 0) -> float:
+    """The average routed rows per expert a call's tiles and mode are picked for: tokens x top-k over
+    ``routed_experts`` when it exceeds these ``num_experts`` (expert parallelism: the router chose among
+    all ranks' experts, and with vLLM's all-gather dispatch this rank sees every token; at EP 8 the
+    count over the local experts alone would be 8x too many), else over ``num_experts``."""
+    if routed_experts and routed_experts < num_experts:
+        raise ValueError(f"routed_experts: expected 0 or at least the {num_experts} local experts, found "
+                         f"{routed_experts}; pass the router's expert count (the length of vLLM's expert_map)")
+    return tokens * top_k / max(routed_experts, num_experts)
+
+
 def nvfp4_moe_forward_triton(
     x: torch.Tensor,
     w13: "Nvfp4Tensor",
@@ -311,8 +322,10 @@ def nvfp4_moe_forward_triton(
     mode: str = "auto",
     fp8_weights: "Fp8ExpertWeights | None" = None,
     tiled: bool = False,
+    routed_experts: int = 0,
 ) -> torch.Tensor:
-    """Same function as torch_twin.nvfp4_moe_forward with bf16 activations.
+    """Same function as torch_twin.nvfp4_moe_forward with bf16 activations; a negative expert id
+    (another rank's expert under expert parallelism) contributes nothing.
 
     a13_scale / a2_scale are accepted and ignored: this path is weight-only, activations stay bf16.
     ``config`` overrides the (L1, L2) tile heuristic (benchmark sweeps): TileConfig pairs run
@@ -323,6 +336,9 @@ def nvfp4_moe_forward_triton(
     expert when ``fp8_weights`` is given, else w4a16).
     ``tiled``: w13/w2 hold their bytes in tiles.py's tile-contiguous layout (tiles.tile_experts; what
     the backend prepares on sm90), not the checkpoint's row-major one. Scales stay row-major.
+    ``routed_experts``: the experts the router chooses among when more than these (all ranks' under
+    expert parallelism: most slots then arrive as -1), 0 for these; the tiles and the mode are
+    picked for tokens x top-k / that many rows per expert (routed_rows_per_expert).
     """
     from nvfp4stack.kernels.moe.hopper_w4a16 import fp8_prefill
 
@@ -340,13 +356,13 @@ def nvfp4_moe_forward_triton(
     xb = x.to(torch.bfloat16).contiguous()
     if tokens == 0:
         return torch.zeros_like(x)
-    if fp8_prefill.select_mode(mode, tokens * top_k / num_experts, fp8_weights) == "fp8":
+    rows_per_expert = routed_rows_per_expert(tokens, top_k, num_experts, routed_experts)
+    if fp8_prefill.select_mode(mode, rows_per_expert, fp8_weights) == "fp8":
         fp8_prefill.check_fp8_matches(fp8_weights, w13, w2)
         return fp8_prefill.fp8_moe_forward(
             xb, fp8_weights, topk_weights, topk_ids, swiglu_limit=swiglu_limit, poison=poison
         ).to(out_dtype)
 
-    rows_per_expert = tokens * top_k / num_experts
     cfg1, cfg2 = config or pick_tiles(rows_per_expert, hidden, inter, decode_available(x.device))
     if cfg1.block_m != cfg2.block_m or type(cfg1) is not type(cfg2):
         raise ValueError(f"config: L1 and L2 share the routing blocks, found {cfg1} and {cfg2}")

@@ -20,7 +20,9 @@ import torch
 from nvfp4stack.formats.nvfp4 import Nvfp4Tensor
 from nvfp4stack.kernels.moe.hopper_w4a16 import fp8_prefill
 from nvfp4stack.kernels.moe.hopper_w4a16.routing_triton import MAX_SLOTS
-from nvfp4stack.kernels.moe.hopper_w4a16.fused_moe import decode_available, nvfp4_moe_forward_triton, pick_tiles
+from nvfp4stack.kernels.moe.hopper_w4a16.fused_moe import (
+    decode_available, nvfp4_moe_forward_triton, pick_tiles, routed_rows_per_expert,
+)
 
 log = logging.getLogger(__name__)
 
@@ -29,9 +31,9 @@ _HAS_FP8 = object()  # select_mode only asks whether FP8 weights exist
 
 
 def launch_key(tokens: int, top_k: int, num_experts: int, hidden: int, inter: int, *,
-               decode: bool, has_fp8: bool) -> Hashable:
+               decode: bool, has_fp8: bool, routed_experts: int = 0) -> Hashable:
     """What decides the binaries one forward call of ``tokens`` tokens launches ('auto' mode)."""
-    rows = tokens * top_k / num_experts
+    rows = routed_rows_per_expert(tokens, top_k, num_experts, routed_experts)
     triton_align = tokens * top_k <= MAX_SLOTS  # routing_triton.align_routing's choice
     if fp8_prefill.select_mode("auto", rows, _HAS_FP8 if has_fp8 else None) == "fp8":
         return ("fp8", triton_align)
@@ -39,31 +41,34 @@ def launch_key(tokens: int, top_k: int, num_experts: int, hidden: int, inter: in
 
 
 def warmup_token_counts(top_k: int, num_experts: int, hidden: int, inter: int, max_tokens: int, *,
-                        decode: bool, has_fp8: bool) -> list[int]:
+                        decode: bool, has_fp8: bool, routed_experts: int = 0) -> list[int]:
     """The smallest token count of every distinct ``launch_key`` in 1..max_tokens."""
     if max_tokens < 1:
         raise ValueError(f"max_tokens: expected the engine's token budget (>= 1), found {max_tokens}")
     first: dict[Hashable, int] = {}
     for t in range(1, max_tokens + 1):
-        first.setdefault(launch_key(t, top_k, num_experts, hidden, inter, decode=decode, has_fp8=has_fp8), t)
+        first.setdefault(launch_key(t, top_k, num_experts, hidden, inter, decode=decode, has_fp8=has_fp8,
+                                    routed_experts=routed_experts), t)
     return sorted(first.values())
 
 
 def warm_up(w13: Nvfp4Tensor, w2: Nvfp4Tensor, top_k: int, max_tokens: int, *,
             swiglu_limit: float | None, fp8_weights: "fp8_prefill.Fp8ExpertWeights | None" = None,
-            tiled: bool = False) -> list[int]:
+            tiled: bool = False, routed_experts: int = 0) -> list[int]:
     """Run the forward once per distinct launch key up to ``max_tokens`` on these weights (random
     activations, routing spread over all experts); returns the token counts run ([] when an
-    earlier layer of the same shapes already did it in this process)."""
+    earlier layer of the same shapes already did it in this process). ``routed_experts``: as the
+    forward's (expert parallelism), so that the keys are the ones serving meets."""
     device = w13.data.device
     num_experts, two_i, hidden = w13.shape
     inter = two_i // 2
     key = (str(device), tuple(w13.shape), tuple(w2.shape), top_k, max_tokens, swiglu_limit is None,
-           fp8_weights is None, tiled)
+           fp8_weights is None, tiled, routed_experts)
     if key in _WARMED or device.type != "cuda":
         return []
     counts = warmup_token_counts(top_k, num_experts, hidden, inter, max_tokens,
-                                 decode=decode_available(device), has_fp8=fp8_weights is not None)
+                                 decode=decode_available(device), has_fp8=fp8_weights is not None,
+                                 routed_experts=routed_experts)
     start = time.perf_counter()
     g = torch.Generator(device=device).manual_seed(0)
     for t in counts:
@@ -71,7 +76,7 @@ def warm_up(w13: Nvfp4Tensor, w2: Nvfp4Tensor, top_k: int, max_tokens: int, *,
         ids = (torch.arange(t * top_k, device=device, dtype=torch.int32) % num_experts).view(t, top_k)
         weights = torch.full((t, top_k), 1.0 / top_k, device=device, dtype=torch.float32)
         nvfp4_moe_forward_triton(x, w13, w2, weights, ids, swiglu_limit=swiglu_limit, mode="auto",
-                                 fp8_weights=fp8_weights, tiled=tiled)
+                                 fp8_weights=fp8_weights, tiled=tiled, routed_experts=routed_experts)
     torch.cuda.synchronize(device)
     _WARMED.add(key)
     log.info("triton_w4a16: compiled the MoE kernels for %d launch configurations (token counts %s, "

@@ -234,7 +234,8 @@ def test_split_decode_tiles(tokens, top_k, experts, streams, monkeypatch):
 def test_other_ranks_slots_are_skipped(tokens, mode):
     """Expert parallel: slots routed to another rank's expert come as -1 and are computed by no block;
     the output equals the twin's with those slots on expert 0 at weight 0 (what other backends get).
-    1-2000 rows cover the 8-token tiles, the rings, the split ring, the Triton tiles and the FP8 mode."""
+    The 8 experts here are 8 of 32 (routed_experts): 0.5-280 rows per expert over the 32 cover the
+    8-token tiles, the rings, the split ring, the Triton tiles and the FP8 mode."""
     from nvfp4stack.kernels.moe.hopper_w4a16 import fp8_prefill
     from nvfp4stack.kernels.moe.hopper_w4a16.fused_moe import nvfp4_moe_forward_triton
 
@@ -244,7 +245,8 @@ def test_other_ranks_slots_are_skipped(tokens, mode):
     other[0, 0] = False  # at least one slot stays here
     local = torch.where(other, -1, ids)
     fp8 = fp8_prefill.prepare_fp8_experts(w13, w2) if mode == "fp8" else None
-    out = nvfp4_moe_forward_triton(x, w13, w2, wts, local, swiglu_limit=LIMIT, poison=True, mode=mode, fp8_weights=fp8)
+    out = nvfp4_moe_forward_triton(x, w13, w2, wts, local, swiglu_limit=LIMIT, poison=True, mode=mode, fp8_weights=fp8,
+                                   routed_experts=32)
     zeroed = torch.where(other, torch.zeros_like(wts), wts)
     if mode == "fp8":
         ref = fp8_prefill.fp8_moe_forward_emulated(x, fp8, zeroed, local.clamp(min=0), swiglu_limit=LIMIT)

@@ -84,7 +84,8 @@ class Nvfp4StackModelOptMoE(ModelOptNvFp4FusedMoE):
         FusedMoEMethodBase.__init__(self, moe_config)  # skip vLLM's NVFP4 backend oracle
         self.quant_config = quant_config
         self.kernel = kernel
-        MOE_BACKENDS.get(kernel)  # fail here, naming the valid backends, if the name is wrong
+        # fail here, naming the valid backends, if the name is wrong; apply asks it every step
+        self.skips_negative_ids = MOE_BACKENDS.get(kernel).skips_negative_ids
         self.scheme = scheme
         self.prefix = prefix
         self.fp8_prefill = fp8_prefill  # triton_w4a16: FP8 copy built at load, used from 64 rows/expert
@@ -153,8 +154,7 @@ class Nvfp4StackModelOptMoE(ModelOptNvFp4FusedMoE):
             raise NotImplementedError(f"{self.prefix}: apply_router_weight_on_input is not supported by "
                                       f"{self.kernel}; use a vLLM MoE backend for this model")
         if layer.expert_map is not None:  # expert parallel: global ids -> local, -1 for other ranks' experts
-            topk_weights, topk_ids = local_routing(layer.expert_map, topk_weights, topk_ids,
-                                                   MOE_BACKENDS.get(self.kernel).skips_negative_ids)
+            topk_weights, topk_ids = local_routing(layer.expert_map, topk_weights, topk_ids, self.skips_negative_ids)
         limit = getattr(layer, "swiglu_limit", None)
         return moe_forward_op(x, topk_weights, topk_ids, None if limit is None else float(limit),
                               layer.activation.value, self.kernel, self.prepared.tiled, self.prepared.routed_experts,

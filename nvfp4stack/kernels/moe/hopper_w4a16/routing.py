@@ -9,6 +9,7 @@ block computes them, and the top-k combine skips them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -50,9 +51,9 @@ def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> A
     Slots of one expert keep their original (token-major) order, as a stable sort gives.
     Sizes are upper bounds so that the GPU never waits for the host (no ``.item()``).
     """
-    flat, counts, order = _sort_slots(topk_ids, num_experts)
-    keep = torch.ones_like(counts, dtype=torch.bool)
-    return _align_region(flat, counts, order, keep, block_m, max_padded_slots(flat.numel(), num_experts, block_m))
+    slots = _rank_slots(topk_ids, num_experts)
+    keep = torch.ones_like(slots.counts, dtype=torch.bool)
+    return _align_region(slots, keep, block_m, max_padded_slots(topk_ids.numel(), num_experts, block_m))
 
 
 def split_padded_slots(num_slots: int, num_experts: int, small: int, big: int) -> tuple[int, int]:
@@ -73,14 +74,22 @@ def align_split(topk_ids: torch.Tensor, num_experts: int, small: int, big: int) 
     balanced (bench/moe_kernel_notes.md): this lets most experts take the cheaper small tile while
     the busy ones are not split into many small blocks, each dequantizing the expert's weights again."""
     pad_small, pad_big = split_padded_slots(topk_ids.numel(), num_experts, small, big)  # checks small < big
-    flat, counts, order = _sort_slots(topk_ids, num_experts)
-    keep = counts <= small
-    return (_align_region(flat, counts, order, keep, small, pad_small),
-            _align_region(flat, counts, order, ~keep, big, pad_big))
+    slots = _rank_slots(topk_ids, num_experts)
+    keep = slots.counts <= small
+    return _align_region(slots, keep, small, pad_small), _align_region(slots, ~keep, big, pad_big)
 
 
-def _sort_slots(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(flat expert ids, per-expert counts, slot ids stably sorted by expert) of [T, k] routing."""
+class _RankedSlots(NamedTuple):
+    """The routed slots of [T, k] routing in expert order, what every region of a call shares."""
+
+    counts: torch.Tensor  # [E] slots per expert (negative ids, another rank's experts, count nowhere)
+    order: torch.Tensor  # [S] slot ids stably sorted by expert (negative ids first)
+    expert_of: torch.Tensor  # [S] expert of order[i] (0 where its id is negative)
+    rank: torch.Tensor  # [S] position of order[i] among its expert's slots
+    valid: torch.Tensor  # [S] order[i]'s id is not negative
+
+
+def _rank_slots(topk_ids: torch.Tensor, num_experts: int) -> _RankedSlots:
     if topk_ids.dim() != 2:
         raise ValueError(
             f"topk_ids: expected [tokens, top_k], found shape {tuple(topk_ids.shape)}; "
@@ -88,28 +97,26 @@ def _sort_slots(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor,
         )
     flat = topk_ids.reshape(-1).to(torch.int64)
     counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
-    # bincount would sync on CUDA; negative ids (another rank's experts) count nowhere and sort first
-    counts.scatter_add_(0, flat.clamp(min=0), (flat >= 0).to(torch.int64))
-    return flat, counts, torch.argsort(flat, stable=True)
-
-
-def _align_region(flat: torch.Tensor, counts: torch.Tensor, order: torch.Tensor, keep: torch.Tensor, block_m: int,
-                  max_padded: int) -> AlignedRouting:
-    """The slots of the experts in ``keep``, each expert's run padded to ``block_m``, in ``max_padded``
-    slots; the other experts' slots are left out (scattered past the end, then cut)."""
-    device = flat.device
-    num_slots, num_experts = flat.numel(), counts.numel()
-    padded = torch.where(keep, (counts + block_m - 1) // block_m * block_m, 0)
-    padded_end = torch.cumsum(padded, 0)
-    padded_start = padded_end - padded
-    dropped = (flat < 0).sum()  # sorted before every expert's slots
-    count_start = torch.cumsum(counts, 0) - counts + dropped
-
+    counts.scatter_add_(0, flat.clamp(min=0), (flat >= 0).to(torch.int64))  # bincount would sync on CUDA
+    order = torch.argsort(flat, stable=True)
     expert_of = flat[order]
     valid = expert_of >= 0
     expert_of = expert_of.clamp(min=0)
-    rank = torch.arange(num_slots, device=device) - count_start[expert_of]
-    dest = torch.where(valid & keep[expert_of], padded_start[expert_of] + rank, max_padded)
+    count_start = torch.cumsum(counts, 0) - counts + (~valid).sum()  # the negative ids sort first
+    rank = torch.arange(flat.numel(), device=flat.device) - count_start[expert_of]
+    return _RankedSlots(counts, order, expert_of, rank, valid)
+
+
+def _align_region(slots: _RankedSlots, keep: torch.Tensor, block_m: int, max_padded: int) -> AlignedRouting:
+    """The slots of the experts in ``keep``, each expert's run padded to ``block_m``, in ``max_padded``
+    slots; the other experts' slots are left out (scattered past the end, then cut)."""
+    counts, order, expert_of = slots.counts, slots.order, slots.expert_of
+    device = order.device
+    num_slots, num_experts = order.numel(), counts.numel()
+    padded = torch.where(keep, (counts + block_m - 1) // block_m * block_m, 0)
+    padded_end = torch.cumsum(padded, 0)
+    padded_start = padded_end - padded
+    dest = torch.where(slots.valid & keep[expert_of], padded_start[expert_of] + slots.rank, max_padded)
 
     sorted_ids = torch.full((max_padded + 1,), num_slots, dtype=torch.int32, device=device)
     sorted_ids[dest] = order.to(torch.int32)

@@ -158,6 +158,8 @@ def bench_shape(args: MoeKernelBench, name: str, log) -> list[dict]:
                 # M tiles far from the load (tiny at prefill, big at decode) are known losers
                 if cand == heur or bm > max(32, per_expert) or bm < min(64, per_expert // 4):
                     continue
+                if tiled and cand[0].deq == 1:  # per-element dequant reads row-major bytes only
+                    continue
                 try:
                     t = _time_ms(lambda: ours(cand), graph, rep=40)
                 except Exception as exc:  # a tile that does not compile is reported, not fatal

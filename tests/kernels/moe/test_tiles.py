@@ -18,20 +18,52 @@ def test_round_trip_and_address_formula(e, n, k, l1):
     data = _bytes(e, n, k, seed=n + k)
     t = tiles.to_tiles(data, l1)
     assert t.shape == data.shape and t.dtype == torch.uint8 and t.is_contiguous()
-    # the bytes moved (random data: no accidental fixed point), except where one w2 atom is the whole row block
-    assert torch.equal(t, data) == (n == 64 and k == 128 and not l1)
+    # the bytes moved (random data: no accidental fixed point)
+    assert not torch.equal(t, data)
     assert torch.equal(tiles.from_tiles(t, l1), data)
     # every byte where the kernels look for it: storage row s holds checkpoint row l1_row(s) (w13)
-    # or s (w2); byte kb of it sits at byte_offset(s, kb) of the expert
+    # or s (w2); byte kb of it sits at byte_offset(s, kb) of the expert, once the words' bits are back
     s = torch.arange(n).view(-1, 1)
     kb = torch.arange(k // 2).view(1, -1)
     row = tiles.l1_row(s, n // 2) if l1 else s
-    flat = t.view(e, -1)
+    flat = tiles.from_stored_words(t).view(e, -1)
     for x in range(e):
         assert torch.equal(flat[x][tiles.byte_offset(s, kb, k)], data[x][row.expand(-1, k // 2), kb.expand(n, -1)])
     # each atom (64 rows x 64 bytes) is one contiguous 4 KB block, atoms of a row block adjacent along K
     first = tiles.byte_offset(torch.tensor(64 if n > 64 else 0), torch.tensor(64), k)
     assert first == (k // 128 if n > 64 else 0) * 4096 + 4096
+
+
+def _tiled_dequant_twin(word: torch.Tensor) -> list[torch.Tensor]:
+    """The integer ops of _triton_kernels._e2m1x8_tiled_to_bf16 on stored words (int64 holding uint32):
+    its four bf16 pairs as uint32."""
+    m = 0x81C081C0
+    u32 = 0xFFFFFFFF
+    t = ((word >> 7) & 0x00D800D8) * 2081 & u32
+    return [word & m, (word * 8 & u32) & m, (word * 64 & u32) & m, t & m]
+
+
+def test_word_bits_are_what_the_tiled_dequant_reads():
+    """Every code in every position of a word, next to random codes, comes out of the tiled dequant's
+    integer ops (twin above) as the row-major dequant's bf16 bits (sign at 15, exponent|mantissa at
+    6..8) in the pair and half of tiles.PAIR_CODES; words round-trip."""
+    g = torch.Generator().manual_seed(7)
+    words = torch.randint(0, 1 << 32, (16 * 8 * 64,), dtype=torch.int64, generator=g)
+    pos = torch.arange(words.numel()) // 64 % 8  # code position forced to every value 0..15
+    val = torch.arange(words.numel()) // 512
+    words = (words & ~(0xF << (4 * pos))) | (val << (4 * pos))
+    data = words.view(torch.uint8).view(-1, 8)[:, :4].contiguous()
+    stored = tiles.to_stored_words(data)
+    assert torch.equal(tiles.from_stored_words(stored), data)
+    sw = stored.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    cw = data.view(torch.int32).to(torch.int64).view(-1) & 0xFFFFFFFF
+    pairs = _tiled_dequant_twin(sw.view(-1))
+    for j, (lo, hi) in enumerate(tiles.PAIR_CODES):
+        for half, c in ((0, lo), (1, hi)):
+            code = cw >> (4 * c) & 0xF
+            want = (code >> 3) << 15 | (code & 7) << 6
+            assert torch.equal(pairs[j] >> (16 * half) & 0xFFFF, want), f"pair {j} half {half} (code {c})"
+    assert sorted(tiles.WORD_BITS) == list(range(32))
 
 
 def test_l1_row_order_interleaves_gate_and_up():

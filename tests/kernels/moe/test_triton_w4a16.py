@@ -37,8 +37,8 @@ def test_registration_and_arch_verdicts():
 
 
 def test_pick_decode_tiles(monkeypatch):
-    """Decode tiles (CPU: the sm90 answer with the capability query patched): below 2 rows/expert an
-    L1 and an L2 tile of their own, from 2 to 5 the 16-token wgmma ring tile, over 5 to 64 the same
+    """Decode tiles (CPU: the sm90 answer with the capability query patched): below 0.5 rows/expert an
+    L1 and an L2 tile of their own, from 0.5 to 5 the 16-token wgmma ring tile, over 5 to 64 the same
     with busy experts (over 16 rows) in 32-token blocks (big_t), and none past 64 rows, off sm90 or on
     CPU tensors; shapes that do not divide into a tile get the next that fits (the 8-token tile to 5
     rows, then the mma.sync 16-token pair, L1 on 2 warps and L2 on 4, the 32-token mma.sync tile over
@@ -51,14 +51,14 @@ def test_pick_decode_tiles(monkeypatch):
     cuda = torch.device("cuda")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *_: (9, 0))
     for hidden, inter in ((4096, 2048), (7168, 3072)):  # DSV4 Flash, Pro
-        l1, l2 = tw.pick_decode(1, hidden, inter, cuda)
+        l1, l2 = tw.pick_decode(0.25, hidden, inter, cuda)
         assert (l1.block_t, l2.block_t) == (8, 8) and l1 != l2
         assert (l1.num_warps, l1.mrep, l1.block_k) == (8, 1, 256)
-        assert tw.pick_decode(1.99, hidden, inter, cuda) == (l1, l2)
-        t16 = tw.pick_decode(2, hidden, inter, cuda)
+        assert tw.pick_decode(0.49, hidden, inter, cuda) == (l1, l2)
+        t16 = tw.pick_decode(0.5, hidden, inter, cuda)
         assert t16[0] == t16[1] and t16[0].wgmma == 3 and not t16[0].big_t
         assert (t16[0].block_t, t16[0].mrep, t16[0].block_k, t16[0].num_warps, t16[0].prefetch) == (16, 1, 128, 4, 3)
-        assert tw.pick_decode(5, hidden, inter, cuda) == t16
+        assert tw.pick_decode(1, hidden, inter, cuda) == t16 and tw.pick_decode(5, hidden, inter, cuda) == t16
         split = tw.pick_decode(5.01, hidden, inter, cuda)
         assert split[0] == split[1] and split[0] == replace(t16[0], big_t=32)
         assert all(tw.pick_decode(r, hidden, inter, cuda) == split for r in (8, 16, 16.01, 32, 33, 64))
@@ -66,7 +66,7 @@ def test_pick_decode_tiles(monkeypatch):
         assert tw.pick_config(64.1)[0].block_m == 64  # one 64-row Triton block
     t8 = tw.pick_decode(4, 1152, 640, cuda)  # 640 % 256 != 0: an 8-token tile with BK=128
     assert t8[0].block_t == 8 and all(c.block_k == 128 for c in t8)
-    l1, l2 = tw.pick_decode(1, 1152, 640, cuda)  # 1152 % 256 != 0: the L1 tile does not fit
+    l1, l2 = tw.pick_decode(0.25, 1152, 640, cuda)  # 1152 % 256 != 0: the L1 tile does not fit
     assert l1 == l2 and l1.block_k == 128
     # 1152 / 128 = 9 K steps: no multiple of the ring's 4 slots, so an 8-token tile to 6 rows (BK=128:
     # 1152 % 256 != 0), then the 16-token mma.sync pair
@@ -255,7 +255,9 @@ def test_other_ranks_slots_are_skipped(tokens, mode):
     torch.cuda.synchronize()
     err = _rel(out, ref)
     print(f"T={tokens} mode={mode} dropped {int(other.sum())}/{other.numel()} slots: rel err {err:.2e}")
-    assert bool(torch.isfinite(out).all()) and err <= 1e-2
+    # FP8 against its own twin: rare E4M3 rounding flips (test_fp8_prefill.TWIN_TOL) weigh more on the
+    # quarter of slots left here; H200, 24 runs: 1.4e-3 to 1.2e-2, so the twice-the-bound of few tokens
+    assert bool(torch.isfinite(out).all()) and err <= (2e-2 if mode == "fp8" else 1e-2)
 
 
 @gpu
@@ -327,7 +329,8 @@ def test_zero_tokens():
 def test_tiled_layout_is_bit_identical():
     """Every kernel reads the tile-contiguous bytes (tiles.py) exactly as it reads the row-major ones:
     same outputs bit for bit, for every decode and Triton tile (BK 64 to 256, 8-token to 256-row
-    blocks), ragged routing; the backend's own prepare tiles on sm90 and matches the twin."""
+    blocks; the per-element dequant, deq=1, refuses tiled bytes), ragged routing; the backend's own
+    prepare tiles on sm90 and matches the twin."""
     from nvfp4stack.kernels.base import MoeWeights, load_backends
     from nvfp4stack.kernels.moe.hopper_w4a16 import tiles
     from nvfp4stack.kernels.moe.hopper_w4a16.fused_moe import (
@@ -339,7 +342,7 @@ def test_tiled_layout_is_bit_identical():
     x, w13, w2, wts, ids = _problem(g, experts=8, hidden=hidden, inter=inter, tokens=77, top_k=6)
     t13, t2 = tiles.tile_experts(w13, w2)
     decode = decode_available(x.device)
-    cfgs = CANDIDATES + tuple(pick_config(r) for r in (1, 32, 100, 1000))
+    cfgs = tuple(c for c in CANDIDATES if c[0].deq != 1) + tuple(pick_config(r) for r in (1, 32, 100, 1000))
     if decode:
         picked = [pick_decode(r, hidden, inter, x.device) for r in (1, 4, 8, 16, 32)]
         cfgs += tuple(c for c in DECODE_CANDIDATES + tuple(p for p in picked if p)
@@ -352,6 +355,9 @@ def test_tiled_layout_is_bit_identical():
         if not (torch.isfinite(rows).all() and torch.equal(rows, tiled)):
             failures.append(f"{cfg}: max |diff| {(rows.float() - tiled.float()).abs().max().item():.3e}")
     assert not failures, "\n".join(failures)
+    per_element = next(c for c in CANDIDATES if c[0].deq == 1)
+    with pytest.raises(ValueError, match=r"deq=1.*tiled=False"):
+        nvfp4_moe_forward_triton(x, t13, t2, wts, ids, config=per_element, tiled=True)
     xs, s13, s2, swts, sids = _problem(g, experts=4, hidden=256, inter=192, tokens=4, top_k=2)  # w2 K = 192
     with pytest.raises(ValueError, match=r"w2: \[E, N, K\] = \[4, 256, 192\].*tiled=False"):
         nvfp4_moe_forward_triton(xs, s13, s2, swts, sids, tiled=True)

@@ -31,7 +31,9 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 # the PTX dequant (value * 2**-126 bf16 bits) of the Triton kernels, called from Gluon as is
-from nvfp4stack.kernels.moe.hopper_w4a16._triton_kernels import _block_expert, _e2m1x4_to_bf16, _w_col0, _w_cols, _w_rows
+from nvfp4stack.kernels.moe.hopper_w4a16._triton_kernels import (
+    _block_expert, _e2m1x4_to_bf16, _e2m1x8_tiled_to_bf16, _w_col0, _w_cols, _w_rows,
+)
 
 # tiles carry value * scale * 2**-8 (as in _triton_kernels); the epilogue multiplies it back
 _TILE_UNSCALE = gl.constexpr(256.0)
@@ -100,10 +102,15 @@ def _to_mma_k(t, ROWS: gl.constexpr, BK: gl.constexpr):
 
 
 @gluon.jit
-def _dequant_a(w, sc, MMA: gl.constexpr, W_BLOCKS: gl.constexpr, ROWS: gl.constexpr, BK: gl.constexpr):
-    """packed [ROWS, BK/2] uint8 + bf16 scales [ROWS, BK/16] -> mma A operand [ROWS, BK] bf16."""
+def _dequant_a(w, sc, MMA: gl.constexpr, W_BLOCKS: gl.constexpr, ROWS: gl.constexpr, BK: gl.constexpr,
+               TILED: gl.constexpr):
+    """packed [ROWS, BK/2] uint8 + bf16 scales [ROWS, BK/16] -> mma A operand [ROWS, BK] bf16
+    (``TILED``: the words in tiles.py's bit order)."""
     w3 = gl.convert_layout(gl.reshape(w, [ROWS, BK // 16, 8]), W_BLOCKS, assert_trivial=True)
-    lo, hi = _e2m1x4_to_bf16(w3)
+    if TILED:
+        lo, hi = _e2m1x8_tiled_to_bf16(w3)
+    else:
+        lo, hi = _e2m1x4_to_bf16(w3)
     s3 = gl.expand_dims(sc, 2)
     lo = lo * s3
     hi = hi * s3
@@ -164,7 +171,7 @@ def _gemm_rows(
             w = gl.load(w_ptrs + _w_col0(k0 // 2, BK // 2, TILED))
             sc = _scales(gl.load(s_ptrs + k0 // 16))
             x = gl.load(x_ptrs + k0, mask=xm, other=0.0)
-            acc = mma_v2(_dequant_a(w, sc, MMA, W_BLOCKS, ROWS, BK), _x_operand(x, MMA, BT, BK), acc)
+            acc = mma_v2(_dequant_a(w, sc, MMA, W_BLOCKS, ROWS, BK, TILED), _x_operand(x, MMA, BT, BK), acc)
     elif PREFETCH == 1:  # register prefetch: step k+1's words are loaded before step k's math
         W32: gl.constexpr = W32_L[0]
         w32_row = gl.convert_layout(w_row_ptr, gl.SliceLayout(1, W32)).to(gl.pointer_type(gl.int32), bitcast=True)
@@ -175,12 +182,12 @@ def _gemm_rows(
             x = gl.load(x_ptrs + (k0 - BK), mask=xm, other=0.0)  # L2-resident: not prefetched
             w_n = gl.load(w32_ptrs + _w_col0(k0 // 2, BK // 2, TILED) // 4)
             sc_n = gl.load(s_ptrs + k0 // 16)
-            a = _dequant_a(_bytes_of(w, W_BYTES, ROWS, BK), _scales(sc), MMA, W_BLOCKS, ROWS, BK)
+            a = _dequant_a(_bytes_of(w, W_BYTES, ROWS, BK), _scales(sc), MMA, W_BLOCKS, ROWS, BK, TILED)
             acc = mma_v2(a, _x_operand(x, MMA, BT, BK), acc)
             w = w_n
             sc = sc_n
         x = gl.load(x_ptrs + (K - BK), mask=xm, other=0.0)
-        a = _dequant_a(_bytes_of(w, W_BYTES, ROWS, BK), _scales(sc), MMA, W_BLOCKS, ROWS, BK)
+        a = _dequant_a(_bytes_of(w, W_BYTES, ROWS, BK), _scales(sc), MMA, W_BLOCKS, ROWS, BK, TILED)
         acc = mma_v2(a, _x_operand(x, MMA, BT, BK), acc)
     return acc
 

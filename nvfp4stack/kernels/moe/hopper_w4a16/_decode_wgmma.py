@@ -90,7 +90,7 @@ def _chunk_steps(buf, acc, w, sc, w2, sc2, w32_ptrs, s_ptrs, step0, NSTEPS,
         nxt = gl.minimum(step0 + s + PD, NSTEPS - 1)  # the last steps reload the last one: harmless
         w_n = gl.load(w32_ptrs + _w_word_step(nxt, BK, TILED))
         sc_n = gl.load(s_ptrs + nxt * (BK // 16))
-        a = _dequant_a(_bytes_of(w, W_BYTES, ROWS, BK), _scales(sc), MMA, W_BLOCKS, ROWS, BK)
+        a = _dequant_a(_bytes_of(w, W_BYTES, ROWS, BK), _scales(sc), MMA, W_BLOCKS, ROWS, BK, TILED)
         acc = warpgroup_mma(a, buf.slice(s * BT, BT, dim=0).permute((1, 0)), acc, is_async=True)
         if WAIT1:
             acc, a_prev = warpgroup_mma_wait(1, deps=[acc, a_prev])
@@ -211,7 +211,7 @@ def _gemm_rows_ring(w_row_ptr, s_row_ptr, x_row_ptr, x_valid, K,
                         x_step_ptrs, x_mask, BK, TILED)
             w = w_ring.index(s).load(W32)
             sc = s_rounds.index(r % 2).slice(s * (BK // 16), BK // 16, dim=1).load(S_L)
-            a = _dequant_a(_bytes_of(w, W_BYTES, ROWS, BK), _scales(sc), MMA, W_BLOCKS, ROWS, BK)
+            a = _dequant_a(_bytes_of(w, W_BYTES, ROWS, BK), _scales(sc), MMA, W_BLOCKS, ROWS, BK, TILED)
             acc = warpgroup_mma(a, x_ring.index(s).permute((1, 0)), acc, is_async=True)
             acc = warpgroup_mma_wait(0, deps=[acc])
     async_copy.wait_group(0)

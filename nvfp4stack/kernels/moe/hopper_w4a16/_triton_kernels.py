@@ -140,7 +140,35 @@ def _e2m1x4_to_bf16(packed):
 
 
 @triton.jit
-def _dequant_tile(w_ptrs, s_ptrs, mask_n, BN: tl.constexpr, BK: tl.constexpr, DEQ: tl.constexpr):
+def _e2m1x8_tiled_to_bf16(packed):
+    """``_e2m1x4_to_bf16`` for the tile layout's words (tiles.py: each word's bits moved so that
+    PAIR_BITS are where this reads them): same outputs, 6 integer-pipe ops per word (3 masks, a shift
+    right, a pre-mask and a last mask) and 3 multiplies on the FMA pipe (shifts left 3 and 6, and
+    t * (1 + 2**5 + 2**11), whose three copies of the pre-masked bits do not overlap: no carries),
+    against ~13 integer-pipe ops. The 4 bytes of one packed register must be one stored word, in order,
+    which holds wherever 4 consecutive bytes of a row sit in one thread's registers (every kernel here).
+    """
+    return tl.inline_asm_elementwise(
+        asm="""
+        {
+        .reg .b32 t;
+        and.b32 $0, $4, 0x81C081C0;
+        mul.lo.u32 t, $4, 8; and.b32 $1, t, 0x81C081C0;
+        mul.lo.u32 t, $4, 64; and.b32 $2, t, 0x81C081C0;
+        shr.b32 t, $4, 7; and.b32 t, t, 0x00D800D8; mul.lo.u32 t, t, 2081; and.b32 $3, t, 0x81C081C0;
+        }
+        """,
+        constraints="=r,=r,=r,=r,r",
+        args=[packed],
+        dtype=(tl.bfloat16, tl.bfloat16),
+        is_pure=True,
+        pack=4,
+    )
+
+
+@triton.jit
+def _dequant_tile(w_ptrs, s_ptrs, mask_n, BN: tl.constexpr, BK: tl.constexpr, DEQ: tl.constexpr,
+                  TILED: tl.constexpr = False):
     """[BN, BK/2] packed bytes + [BN, BK/16] e4m3 scales -> [BN, BK] bf16 = value * scale * 2**-8.
 
     E2M1 codes become bf16 bits directly (bits 6..8 exp|mantissa, 15 sign: value * 2**-126,
@@ -150,13 +178,17 @@ def _dequant_tile(w_ptrs, s_ptrs, mask_n, BN: tl.constexpr, BK: tl.constexpr, DE
     DEQ=2: bit placement in PTX on packed registers; DEQ=1: the same in per-element Triton ops
     (portable fallback, ~1.6x slower at decode); DEQ=9: diagnostic only, WRONG numbers (same
     loads and MMAs, no dequant work) to measure the floor of this kernel structure.
+    TILED: the bytes in tiles.py's layout (DEQ=2 only: the per-element form does not read its words).
     """
+    tl.static_assert(DEQ != 1 or not TILED, "DEQ=1 reads row-major bytes only")
     packed = tl.load(w_ptrs, mask=mask_n[:, None], other=0)  # [BN, BK/2] uint8
     sc = tl.load(s_ptrs, mask=mask_n[:, None], other=0)  # [BN, BK/16] uint8 (e4m3 bits)
     sc = (sc.to(tl.float8e4nv, bitcast=True).to(tl.float32) * _TWO_POW_118).to(tl.bfloat16)
     # each scale covers 16 elements = 8 packed bytes
     sc = tl.reshape(tl.broadcast_to(sc[:, :, None], (BN, BK // 16, 8)), (BN, BK // 2))
-    if DEQ == 2:
+    if DEQ == 2 and TILED:
+        lo_b, hi_b = _e2m1x8_tiled_to_bf16(packed)
+    elif DEQ == 2:
         lo_b, hi_b = _e2m1x4_to_bf16(packed)
     elif DEQ == 9:
         lo_b = packed.to(tl.bfloat16)
@@ -217,8 +249,8 @@ def l1_swiglu_kernel(
     acc_u = tl.zeros((BM, BN), dtype=tl.float32)
     for k0 in range(0, H, BK):
         x = tl.load(x_ptrs, mask=valid_m[:, None], other=0.0)
-        acc_g = tl.dot(x, tl.trans(_dequant_tile(wg_ptrs, sg_ptrs, mask_n, BN, BK, DEQ)), acc_g)
-        acc_u = tl.dot(x, tl.trans(_dequant_tile(wu_ptrs, su_ptrs, mask_n, BN, BK, DEQ)), acc_u)
+        acc_g = tl.dot(x, tl.trans(_dequant_tile(wg_ptrs, sg_ptrs, mask_n, BN, BK, DEQ, TILED)), acc_g)
+        acc_u = tl.dot(x, tl.trans(_dequant_tile(wu_ptrs, su_ptrs, mask_n, BN, BK, DEQ, TILED)), acc_u)
         x_ptrs += BK
         wg_ptrs += _w_step(k0, BK, TILED)
         wu_ptrs += _w_step(k0, BK, TILED)
@@ -273,7 +305,7 @@ def l2_combine_kernel(
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     for k0 in range(0, I, BK):
         a = tl.load(a_ptrs)
-        acc = tl.dot(a, tl.trans(_dequant_tile(w_ptrs, s_ptrs, mask_n, BN, BK, DEQ)), acc)
+        acc = tl.dot(a, tl.trans(_dequant_tile(w_ptrs, s_ptrs, mask_n, BN, BK, DEQ, TILED)), acc)
         a_ptrs += BK
         w_ptrs += _w_step(k0, BK, TILED)
         s_ptrs += BK // 16

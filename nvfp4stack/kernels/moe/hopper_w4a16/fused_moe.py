@@ -5,9 +5,9 @@ Two launches over expert-aligned token blocks (routing.py):
   L2  h @ w2[e]^T * routing weight -> rows[T*k, H]; top-k rows summed per token.
 Weights stay packed; tiles are dequantized in registers. Triton is imported only when the
 kernel runs, so CPU hosts can import this module (tile heuristics, tests, benchmarks).
-Decode loads (<= 64 routed rows per expert) on sm90 run Gluon kernels instead: below 2 rows those of
+Decode loads (<= 64 routed rows per expert) on sm90 run Gluon kernels instead: below 0.5 rows those of
 _decode_gluon.py (weights as the mma.sync M side, operands built in registers, no shared memory),
-from 2 rows the wgmma kernels of _decode_wgmma.py (weights, scales and token tiles through one
+from 0.5 rows the wgmma kernels of _decode_wgmma.py (weights, scales and token tiles through one
 cp.async ring; over 5 rows busy experts in bigger token blocks of their own launches, on a side
 stream); routing alignment is one Triton launch (routing_triton.py) up to 8192 slots.
 Prefill-heavy calls can instead run the FP8 tensor-core mode (fp8_prefill.py, ``mode``/``fp8_weights``).
@@ -163,12 +163,15 @@ DECODE_MAX_ROWS_PER_EXPERT = 64
 # over 32-64 experts) and 45-72 under Zipf-1.1 skew, so an 8-token block splits most experts in two
 # and the weights are dequantized twice. Measured on an H200 with the L2 flushed before every call
 # (tests/kernels/moe/decode_profile.py, Flash/Pro at 32/48/64 experts, uniform and Zipf):
-# - below 2 rows: L1 8 warps x 1 m-tile x BK=256, L2 2 m-tiles x BK=128 with register prefetch;
-# - 2 to 5 rows: the wgmma kernels (_decode_wgmma.py), 16 tokens, one warpgroup x 64 rows, BK=128,
+# - below 0.5 rows (a few tokens): L1 8 warps x 1 m-tile x BK=256, L2 2 m-tiles x BK=128 with register
+#   prefetch;
+# - 0.5 to 5 rows: the wgmma kernels (_decode_wgmma.py), 16 tokens, one warpgroup x 64 rows, BK=128,
 #   weights, scales and token tiles through a 4-slot cp.async ring (3 K steps in flight), the scales
 #   four K steps at a time in 16-byte copies. With the expert bytes in tiles.py's layout (what
-#   triton_w4a16 prepares on sm90) it beats the 8-token mma.sync tile from 2 rows under skew (2-13%
-#   less time, 2026-11-25) and is 0-3.5% slower at 2-3 rows for uniform routing.
+#   triton_w4a16 prepares on sm90), whose words the dequant reads in 6 integer-pipe ops, it beats the
+#   8-token mma.sync pair from 0.5 rows (H200, 2026-11-26, cold L2: 7-16% less time at 1.5 rows on all
+#   four loads, 1-14% at 1 row but for a tie at Flash 32 Zipf, 5-15% at 0.5 rows on six of eight
+#   loads); at 0.1-0.25 rows the two are within -20..+14% of each other.
 #   Fallbacks where it does not divide the shape (64-row tiles, K steps a multiple of 4): the 8-token
 #   tile (2 m-tiles x BK=256 x 4 warps), then the two 8-token tiles of 1 row;
 # - over 5 to 64 rows: the same ring tile, but experts holding more than 16 rows in 32-token blocks
@@ -196,7 +199,7 @@ _DECODE_T32_RING = (DecodeConfig(block_t=32, mrep=1, block_k=128, num_warps=4, p
 _DECODE_T32 = (DecodeConfig(block_t=32, mrep=2, block_k=64, num_warps=4, prefetch=0),) * 2
 # the largest average rows per expert each choice takes: the two 8-token pairs, the 16-token ring, and
 # (fallbacks of the split ring) the 16- and the 32-token mma.sync tiles
-DECODE_FEW_MAX_ROWS, DECODE_RING16_MAX_ROWS, DECODE_T16_MAX_ROWS, DECODE_T32_MAX_ROWS = 2.0, 5.0, 16.0, 32.0
+DECODE_FEW_MAX_ROWS, DECODE_RING16_MAX_ROWS, DECODE_T16_MAX_ROWS, DECODE_T32_MAX_ROWS = 0.5, 5.0, 16.0, 32.0
 
 
 def decode_available(device: torch.device) -> bool:
@@ -351,6 +354,10 @@ def nvfp4_moe_forward_triton(
     if tiled:
         tiles.check_fits(w13.data, "w13")
         tiles.check_fits(w2.data, "w2")
+        if config is not None and any(getattr(c, "deq", 2) == 1 for c in config):
+            raise ValueError(f"triton_w4a16: config {config} dequantizes per element (deq=1), which reads "
+                             "row-major bytes only, and the weights are tiled; pass row-major weights "
+                             "(tiled=False) or a deq=2 tile")
     tokens, top_k = topk_ids.shape
     out_dtype = x.dtype
     xb = x.to(torch.bfloat16).contiguous()

@@ -10,9 +10,16 @@ tensor so that every atom of 64 rows x 64 bytes is one contiguous 4 KB block:
 
 Atoms of one row block follow each other along K, so a tile of 64 rows x 256 codes is 8 KB
 contiguous. For w13 the rows are taken in the decode kernels' order (``l1_row``): each 16 rows are
-8 gate and the 8 matching up rows, so an atom holds gate and up rows n..n+31. The bytes themselves
-and the scales (row-major, untouched) do not change. The kernels address this layout with
-``_triton_kernels._w_rows`` / ``_w_cols``; CPU code (the torch twin, checkpoints) never sees it.
+8 gate and the 8 matching up rows, so an atom holds gate and up rows n..n+31. The kernels address
+this layout with ``_triton_kernels._w_rows`` / ``_w_cols``; CPU code (the torch twin, checkpoints)
+never sees it. The scales stay row-major, untouched.
+
+Within each 32-bit word (4 bytes of a row: 8 codes) the bits are shuffled (``WORD_BITS``) so that the
+kernels turn a word into its four bf16 pairs with 6 integer-pipe instructions instead of ~13
+(``_triton_kernels._e2m1x8_tiled_to_bf16``; the integer pipe bound the decode loops:
+bench/moe_kernel_notes.md, fourteenth pass). Pair j holds codes ``PAIR_CODES[j]`` (code c: bits
+4c..4c+3 of the checkpoint's word) in its low and high 16 bits; the low code's (m, e0, e1, sign)
+bits are stored at ``PAIR_BITS[j]``, the high code's 16 bits above.
 """
 from __future__ import annotations
 
@@ -25,6 +32,49 @@ if TYPE_CHECKING:
 
 ATOM_ROWS = 64
 ATOM_BYTES = 64  # 128 E2M1 codes of each row
+
+# the four bf16 pairs of a word, in the order of the dequant's outputs: (low, high) checkpoint codes ...
+PAIR_CODES = ((0, 2), (4, 6), (1, 3), (5, 7))
+# ... and the stored bits of the low code's (m, e0, e1, sign): pair 0 as they are, pair 1 shifted left 3,
+# pair 2 left 6 (each then one mask), pair 3 shifted right 7, masked and multiplied by 1 + 2**5 + 2**11
+PAIR_BITS = ((6, 7, 8, 15), (3, 4, 5, 12), (0, 1, 2, 9), (13, 14, 10, 11))
+# WORD_BITS[b]: the checkpoint bit that stored bit b of a word holds
+WORD_BITS = tuple(sorted(
+    (bits[f] + 16 * h, 4 * codes[h] + f) for codes, bits in zip(PAIR_CODES, PAIR_BITS) for h in (0, 1) for f in range(4)
+)[b][1] for b in range(32))
+_WORDS_PER_CHUNK = 1 << 22
+
+
+def _byte_tables(to_stored: bool, device: torch.device) -> torch.Tensor:
+    """[4, 256] int32: byte i's bits of a word, each moved to its bit in the other layout."""
+    move = {c: b for b, c in enumerate(WORD_BITS)} if to_stored else dict(enumerate(WORD_BITS))
+    table = [[sum(1 << move[8 * i + t] for t in range(8) if v >> t & 1) for v in range(256)] for i in range(4)]
+    return torch.tensor([[v - (1 << 32) if v >> 31 else v for v in row] for row in table], dtype=torch.int32,
+                        device=device)
+
+
+def _move_bits_(buf: torch.Tensor, to_stored: bool) -> torch.Tensor:
+    """Every 4-byte word of contiguous uint8 ``buf`` with its bits moved (WORD_BITS), in place."""
+    table = _byte_tables(to_stored, buf.device)
+    src = buf.view(-1, 4)
+    words = buf.view(-1).view(torch.int32)
+    for w0 in range(0, src.shape[0], _WORDS_PER_CHUNK):  # bounded temporaries for 100s-of-MB tensors
+        b = src[w0:w0 + _WORDS_PER_CHUNK].to(torch.int32)
+        word = table[0].index_select(0, b[:, 0])
+        for i in range(1, 4):
+            word |= table[i].index_select(0, b[:, i])
+        words[w0:w0 + _WORDS_PER_CHUNK] = word
+    return buf
+
+
+def to_stored_words(data: torch.Tensor) -> torch.Tensor:
+    """Packed bytes (a multiple of 4 per row) -> a new tensor: the same words in the tile layout's bit order."""
+    return _move_bits_(data.contiguous().clone(), True)
+
+
+def from_stored_words(data: torch.Tensor) -> torch.Tensor:
+    """Inverse of ``to_stored_words``."""
+    return _move_bits_(data.contiguous().clone(), False)
 
 
 def l1_row(t: torch.Tensor, inter: int) -> torch.Tensor:
@@ -63,15 +113,16 @@ def to_tiles(data: torch.Tensor, l1: bool, name: str = "weight") -> torch.Tensor
     e, n, kb = data.shape
     if l1:
         data = data.index_select(1, l1_row(torch.arange(n, device=data.device), n // 2))
-    t = data.reshape(e, n // ATOM_ROWS, ATOM_ROWS, kb // ATOM_BYTES, ATOM_BYTES).transpose(2, 3)
-    return t.contiguous().view(e, n, kb)
+    t = torch.empty(e, n // ATOM_ROWS, kb // ATOM_BYTES, ATOM_ROWS, ATOM_BYTES, dtype=data.dtype, device=data.device)
+    t.copy_(data.reshape(e, n // ATOM_ROWS, ATOM_ROWS, kb // ATOM_BYTES, ATOM_BYTES).transpose(2, 3))
+    return _move_bits_(t, True).view(e, n, kb)
 
 
 def from_tiles(data: torch.Tensor, l1: bool, name: str = "weight") -> torch.Tensor:
     """Inverse of ``to_tiles``: the checkpoint's row-major bytes."""
     check_fits(data, name)
     e, n, kb = data.shape
-    rows = data.reshape(e, n // ATOM_ROWS, kb // ATOM_BYTES, ATOM_ROWS, ATOM_BYTES).transpose(2, 3)
+    rows = from_stored_words(data).reshape(e, n // ATOM_ROWS, kb // ATOM_BYTES, ATOM_ROWS, ATOM_BYTES).transpose(2, 3)
     rows = rows.contiguous().view(e, n, kb)
     if l1:
         rows = rows.index_select(1, l1_storage_row(torch.arange(n, device=data.device), n // 2))
@@ -80,7 +131,8 @@ def from_tiles(data: torch.Tensor, l1: bool, name: str = "weight") -> torch.Tens
 
 def byte_offset(t: torch.Tensor, kb: torch.Tensor, k: int) -> torch.Tensor:
     """Offset within one expert of storage row ``t``, byte ``kb`` of the row (k codes per row): the
-    formula of ``_triton_kernels._w_rows + _w_cols``, in torch for the CPU tests."""
+    formula of ``_triton_kernels._w_rows + _w_cols``, in torch for the CPU tests. The word there holds
+    the row's bytes kb - kb % 4 .. + 3 with their bits moved (``WORD_BITS``)."""
     return (t // ATOM_ROWS) * (ATOM_ROWS * k // 2) + (t % ATOM_ROWS) * ATOM_BYTES \
         + (kb // ATOM_BYTES) * (ATOM_ROWS * ATOM_BYTES) + kb % ATOM_BYTES
 

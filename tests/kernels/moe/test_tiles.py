@@ -35,7 +35,7 @@ def test_round_trip_and_address_formula(e, n, k, l1):
 
 
 def _tiled_dequant_twin(word: torch.Tensor) -> list[torch.Tensor]:
-    """The integer ops of _triton_kernels._e2m1x8_tiled_to_bf16 on stored words (int64 holding uint32):
+    """The integer ops of _triton_kernels._PTX_TILED on stored words (int64 holding uint32):
     its four bf16 pairs as uint32."""
     m = 0x81C081C0
     u32 = 0xFFFFFFFF

@@ -31,9 +31,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 # the PTX dequant (value * 2**-126 bf16 bits) of the Triton kernels, called from Gluon as is
-from nvfp4stack.kernels.moe.hopper_w4a16._triton_kernels import (
-    _block_expert, _e2m1x4_to_bf16, _e2m1x8_tiled_to_bf16, _w_col0, _w_cols, _w_rows,
-)
+from nvfp4stack.kernels.moe.hopper_w4a16._triton_kernels import _block_expert, _e2m1x4_to_bf16, _w_col0, _w_cols, _w_rows
 
 # tiles carry value * scale * 2**-8 (as in _triton_kernels); the epilogue multiplies it back
 _TILE_UNSCALE = gl.constexpr(256.0)
@@ -107,10 +105,7 @@ def _dequant_a(w, sc, MMA: gl.constexpr, W_BLOCKS: gl.constexpr, ROWS: gl.conste
     """packed [ROWS, BK/2] uint8 + bf16 scales [ROWS, BK/16] -> mma A operand [ROWS, BK] bf16
     (``TILED``: the words in tiles.py's bit order)."""
     w3 = gl.convert_layout(gl.reshape(w, [ROWS, BK // 16, 8]), W_BLOCKS, assert_trivial=True)
-    if TILED:
-        lo, hi = _e2m1x8_tiled_to_bf16(w3)
-    else:
-        lo, hi = _e2m1x4_to_bf16(w3)
+    lo, hi = _e2m1x4_to_bf16(w3, TILED)
     s3 = gl.expand_dims(sc, 2)
     lo = lo * s3
     hi = hi * s3

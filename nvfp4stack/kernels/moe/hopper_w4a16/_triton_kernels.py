@@ -105,20 +105,8 @@ def _l1_storage_rows(n, I, TILED: tl.constexpr):
     return gate, up
 
 
-@triton.jit
-def _e2m1x4_to_bf16(packed):
-    """uint8 [..] -> (even-k, odd-k) bf16 [..]: each nibble's bf16 bits, value * 2**-126.
-
-    Four bytes per 32-bit register, two bf16 per output register: the bytes are reordered
-    (prmt) so that one shift puts two wanted nibbles at the top of both 16-bit halves, then
-    sign (bit 15) and exponent|mantissa (bits 12..14 -> 6..8) are masked into place. About
-    2.5 integer ops per weight against ~8 for the per-element form (DEQ=1): decode is bound
-    by this ALU work, and the change took decode at the bench "pro" shape (H 7168, I 3072)
-    from 1.13 ms to 0.69 ms on an H200.
-    The Gluon decode kernels (_decode_gluon.py) call this function as is.
-    """
-    return tl.inline_asm_elementwise(
-        asm="""
+# the row-major bytes' PTX: a byte reorder, then per output two shifts, two masks and an or
+_PTX_ROWS = tl.constexpr("""
         {
         .reg .b32 w, v, t;
         prmt.b32 w, $4, 0, 0x3120;
@@ -130,26 +118,11 @@ def _e2m1x4_to_bf16(packed):
         shr.b32 t, v, 6; and.b32 t, t, 0x01C001C0; and.b32 v, v, 0x80008000; or.b32 $2, v, t;
         shr.b32 t, w, 6; and.b32 t, t, 0x01C001C0; and.b32 v, w, 0x80008000; or.b32 $3, v, t;
         }
-        """,
-        constraints="=r,=r,=r,=r,r",
-        args=[packed],
-        dtype=(tl.bfloat16, tl.bfloat16),
-        is_pure=True,
-        pack=4,
-    )
-
-
-@triton.jit
-def _e2m1x8_tiled_to_bf16(packed):
-    """``_e2m1x4_to_bf16`` for the tile layout's words (tiles.py: each word's bits moved so that
-    PAIR_BITS are where this reads them): same outputs, 6 integer-pipe ops per word (3 masks, a shift
-    right, a pre-mask and a last mask) and 3 multiplies on the FMA pipe (shifts left 3 and 6, and
-    t * (1 + 2**5 + 2**11), whose three copies of the pre-masked bits do not overlap: no carries),
-    against ~13 integer-pipe ops. The 4 bytes of one packed register must be one stored word, in order,
-    which holds wherever 4 consecutive bytes of a row sit in one thread's registers (every kernel here).
-    """
-    return tl.inline_asm_elementwise(
-        asm="""
+        """)
+# the tile layout's words (tiles.PAIR_BITS): pair 0 one mask; pairs 1, 2 a multiply by 8 / 64 (shifts on the FMA
+# pipe) and a mask; pair 3 a shift right by 7, a pre-mask, a multiply by 1 + 2**5 + 2**11 (three copies of the
+# pre-masked bits that do not overlap: no carries) and a mask
+_PTX_TILED = tl.constexpr("""
         {
         .reg .b32 t;
         and.b32 $0, $4, 0x81C081C0;
@@ -157,7 +130,29 @@ def _e2m1x8_tiled_to_bf16(packed):
         mul.lo.u32 t, $4, 64; and.b32 $2, t, 0x81C081C0;
         shr.b32 t, $4, 7; and.b32 t, t, 0x00D800D8; mul.lo.u32 t, t, 2081; and.b32 $3, t, 0x81C081C0;
         }
-        """,
+        """)
+
+
+@triton.jit
+def _e2m1x4_to_bf16(packed, TILED: tl.constexpr):
+    """uint8 [..] -> (even-k, odd-k) bf16 [..]: each nibble's bf16 bits, value * 2**-126.
+
+    Four bytes per 32-bit register, two bf16 per output register: the bytes are reordered
+    (prmt) so that one shift puts two wanted nibbles at the top of both 16-bit halves, then
+    sign (bit 15) and exponent|mantissa (bits 12..14 -> 6..8) are masked into place. About
+    2.5 integer ops per weight against ~8 for the per-element form (DEQ=1): decode is bound
+    by this ALU work, and the change took decode at the bench "pro" shape (H 7168, I 3072)
+    from 1.13 ms to 0.69 ms on an H200.
+    The Gluon decode kernels (_decode_gluon.py) call this function as is.
+
+    TILED: the bytes in tiles.py's layout, whose words hold their bits where _PTX_TILED reads them:
+    same outputs in 6 integer-pipe ops per word and 3 multiplies on the FMA pipe, against ~13
+    integer-pipe ops (the pipe that bound the decode loops; bench/moe_kernel_notes.md, fourteenth
+    pass). The 4 bytes of one packed register must then be one stored word, in order, which holds
+    wherever 4 consecutive bytes of a row sit in one thread's registers (every kernel here).
+    """
+    return tl.inline_asm_elementwise(
+        asm=_PTX_TILED if TILED else _PTX_ROWS,
         constraints="=r,=r,=r,=r,r",
         args=[packed],
         dtype=(tl.bfloat16, tl.bfloat16),
@@ -186,10 +181,8 @@ def _dequant_tile(w_ptrs, s_ptrs, mask_n, BN: tl.constexpr, BK: tl.constexpr, DE
     sc = (sc.to(tl.float8e4nv, bitcast=True).to(tl.float32) * _TWO_POW_118).to(tl.bfloat16)
     # each scale covers 16 elements = 8 packed bytes
     sc = tl.reshape(tl.broadcast_to(sc[:, :, None], (BN, BK // 16, 8)), (BN, BK // 2))
-    if DEQ == 2 and TILED:
-        lo_b, hi_b = _e2m1x8_tiled_to_bf16(packed)
-    elif DEQ == 2:
-        lo_b, hi_b = _e2m1x4_to_bf16(packed)
+    if DEQ == 2:
+        lo_b, hi_b = _e2m1x4_to_bf16(packed, TILED)
     elif DEQ == 9:
         lo_b = packed.to(tl.bfloat16)
         hi_b = lo_b

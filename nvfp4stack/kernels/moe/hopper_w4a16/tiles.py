@@ -16,7 +16,7 @@ never sees it. The scales stay row-major, untouched.
 
 Within each 32-bit word (4 bytes of a row: 8 codes) the bits are shuffled (``WORD_BITS``) so that the
 kernels turn a word into its four bf16 pairs with 6 integer-pipe instructions instead of ~13
-(``_triton_kernels._e2m1x8_tiled_to_bf16``; the integer pipe bound the decode loops:
+(``_triton_kernels._PTX_TILED``; the integer pipe bound the decode loops:
 bench/moe_kernel_notes.md, fourteenth pass). Pair j holds codes ``PAIR_CODES[j]`` (code c: bits
 4c..4c+3 of the checkpoint's word) in its low and high 16 bits; the low code's (m, e0, e1, sign)
 bits are stored at ``PAIR_BITS[j]``, the high code's 16 bits above.

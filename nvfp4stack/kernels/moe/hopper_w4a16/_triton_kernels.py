@@ -163,7 +163,7 @@ def _e2m1x4_to_bf16(packed, TILED: tl.constexpr):
 
 @triton.jit
 def _dequant_tile(w_ptrs, s_ptrs, mask_n, BN: tl.constexpr, BK: tl.constexpr, DEQ: tl.constexpr,
-                  TILED: tl.constexpr = False):
+                  TILED: tl.constexpr):
     """[BN, BK/2] packed bytes + [BN, BK/16] e4m3 scales -> [BN, BK] bf16 = value * scale * 2**-8.
 
     E2M1 codes become bf16 bits directly (bits 6..8 exp|mantissa, 15 sign: value * 2**-126,

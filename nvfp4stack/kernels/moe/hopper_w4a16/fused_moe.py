@@ -354,7 +354,7 @@ def nvfp4_moe_forward_triton(
     if tiled:
         tiles.check_fits(w13.data, "w13")
         tiles.check_fits(w2.data, "w2")
-        if config is not None and any(getattr(c, "deq", 2) == 1 for c in config):
+        if config is not None and any(c.deq == 1 for c in config):
             raise ValueError(f"triton_w4a16: config {config} dequantizes per element (deq=1), which reads "
                              "row-major bytes only, and the weights are tiled; pass row-major weights "
                              "(tiled=False) or a deq=2 tile")

@@ -39,9 +39,9 @@ PAIR_CODES = ((0, 2), (4, 6), (1, 3), (5, 7))
 # pair 2 left 6 (each then one mask), pair 3 shifted right 7, masked and multiplied by 1 + 2**5 + 2**11
 PAIR_BITS = ((6, 7, 8, 15), (3, 4, 5, 12), (0, 1, 2, 9), (13, 14, 10, 11))
 # WORD_BITS[b]: the checkpoint bit that stored bit b of a word holds
-WORD_BITS = tuple(sorted(
-    (bits[f] + 16 * h, 4 * codes[h] + f) for codes, bits in zip(PAIR_CODES, PAIR_BITS) for h in (0, 1) for f in range(4)
-)[b][1] for b in range(32))
+_CHECKPOINT_BIT = {bits[f] + 16 * h: 4 * codes[h] + f
+                   for codes, bits in zip(PAIR_CODES, PAIR_BITS) for h in (0, 1) for f in range(4)}
+WORD_BITS = tuple(_CHECKPOINT_BIT[b] for b in range(32))
 _WORDS_PER_CHUNK = 1 << 22
 
 

@@ -23,6 +23,7 @@ bits are stored at ``PAIR_BITS[j]``, the high code's 16 bits above.
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 import torch
@@ -45,8 +46,10 @@ WORD_BITS = tuple(_CHECKPOINT_BIT[b] for b in range(32))
 _WORDS_PER_CHUNK = 1 << 22
 
 
+@lru_cache(maxsize=None)
 def _byte_tables(to_stored: bool, device: torch.device) -> torch.Tensor:
-    """[4, 256] int32: byte i's bits of a word, each moved to its bit in the other layout."""
+    """[4, 256] int32: byte i's bits of a word, each moved to its bit in the other layout (built once per
+    direction and device, not once per expert tensor at load)."""
     move = {c: b for b, c in enumerate(WORD_BITS)} if to_stored else dict(enumerate(WORD_BITS))
     table = [[sum(1 << move[8 * i + t] for t in range(8) if v >> t & 1) for v in range(256)] for i in range(4)]
     return torch.tensor([[v - (1 << 32) if v >> 31 else v for v in row] for row in table], dtype=torch.int32,
@@ -69,12 +72,12 @@ def _move_bits_(buf: torch.Tensor, to_stored: bool) -> torch.Tensor:
 
 def to_stored_words(data: torch.Tensor) -> torch.Tensor:
     """Packed bytes (a multiple of 4 per row) -> a new tensor: the same words in the tile layout's bit order."""
-    return _move_bits_(data.contiguous().clone(), True)
+    return _move_bits_(data.clone(memory_format=torch.contiguous_format), True)
 
 
 def from_stored_words(data: torch.Tensor) -> torch.Tensor:
     """Inverse of ``to_stored_words``."""
-    return _move_bits_(data.contiguous().clone(), False)
+    return _move_bits_(data.clone(memory_format=torch.contiguous_format), False)
 
 
 def l1_row(t: torch.Tensor, inter: int) -> torch.Tensor:

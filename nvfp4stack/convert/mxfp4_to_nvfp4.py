@@ -35,7 +35,7 @@ def _experts(m: Mxfp4Tensor) -> int:
     return m.shape[0] if len(m.shape) == 3 else 1   # 3-D [E, N, K]: one global scale per expert
 
 
-def _fast_path(m: Mxfp4Tensor) -> tuple[Nvfp4Tensor, dict] | None:
+def _fast_path(m: Mxfp4Tensor, top: torch.Tensor | None) -> tuple[Nvfp4Tensor, dict] | None:
     """CUDA (or TRITON_INTERPRET=1): two fused Triton passes; None when some block is inexact
     (the torch path then does the re-rounding) or when Triton is missing."""
     try:
@@ -43,7 +43,7 @@ def _fast_path(m: Mxfp4Tensor) -> tuple[Nvfp4Tensor, dict] | None:
     except ImportError:
         return None
     out, gs, n_inexact = tk.convert_scales(m.data.contiguous(), m.scale.contiguous(), _experts(m),
-                                           _K_MIN, _K_MAX, E8M0_BIAS)
+                                           _K_MIN, _K_MAX, E8M0_BIAS, top=top)
     if n_inexact:
         return None
     gs = gs.reshape(()) if len(m.shape) != 3 else gs
@@ -56,19 +56,38 @@ def _use_triton(t: torch.Tensor) -> bool:
     return t.is_cuda or (os.environ.get("TRITON_INTERPRET") == "1" and os.environ.get(_FORCE) == "1")
 
 
-def mxfp4_to_nvfp4(m: Mxfp4Tensor) -> tuple[Nvfp4Tensor, dict]:
-    """Returns the NVFP4 tensor (per-expert global scale for 3-D) and exactness statistics."""
+def _nonzero_and_exponents(m: Mxfp4Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(blocks of 16 with a nonzero code, their UE8M0 exponents), both [..., K/16]. One NVFP4 block
+    = 16 codes = 8 packed bytes = one int64: "any nonzero magnitude" is tested on the packed words,
+    so exact blocks are never unpacked (their bytes carry over as is)."""
+    words = m.data.contiguous().view(torch.int64)
+    s = (m.scale.to(torch.int32) - E8M0_BIAS).repeat_interleave(2, -1)
+    return (words & _MAGNITUDE_BITS) != 0, s
+
+
+def _masked_top(nonzero: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    masked = torch.where(nonzero, s, torch.full_like(s, -(1 << 20)))
+    return masked.flatten(1).amax(1) if masked.ndim == 3 else masked.amax()
+
+
+def top_exponents(m: Mxfp4Tensor) -> torch.Tensor:
+    """int32 top UE8M0 exponent over the blocks with a nonzero code: one per expert of a 3-D tensor,
+    0-dim for 2-D (below every real exponent when all codes are zero). The global scale is 2^(top - 8)."""
+    return _masked_top(*_nonzero_and_exponents(m))
+
+
+def mxfp4_to_nvfp4(m: Mxfp4Tensor, top: torch.Tensor | None = None) -> tuple[Nvfp4Tensor, dict]:
+    """Returns the NVFP4 tensor (per-expert global scale for 3-D) and exactness statistics.
+
+    ``top``: the :func:`top_exponents` to take the global scales from, when they are not this tensor's
+    own: a tensor-parallel shard passes the whole tensor's (all-reduced, engine/moe_cast_method.py),
+    so every rank writes the bytes the offline converter writes for the whole tensor."""
     if len(m.shape) >= 2 and _use_triton(m.data):
-        fast = _fast_path(m)
+        fast = _fast_path(m, top)
         if fast is not None:
             return fast
-    # one NVFP4 block = 16 codes = 8 packed bytes = one int64: test "any nonzero magnitude"
-    # on the packed words, so exact blocks are never unpacked (their bytes carry over as is)
-    words = m.data.contiguous().view(torch.int64)                      # [..., K/16]
-    nonzero = (words & _MAGNITUDE_BITS) != 0
-    s = (m.scale.to(torch.int32) - E8M0_BIAS).repeat_interleave(2, -1)  # [..., K/16]
-    masked = torch.where(nonzero, s, torch.full_like(s, -(1 << 20)))
-    g = _global_exponent(masked.flatten(1).amax(1) if masked.ndim == 3 else masked.amax())
+    nonzero, s = _nonzero_and_exponents(m)                              # [..., K/16]
+    g = _global_exponent(_masked_top(nonzero, s) if top is None else top)
     gb = g.reshape(-1, 1, 1) if g.ndim == 1 else g  # broadcast over [..., N, K/16]
     k = s - gb
     kc = k.clamp(_K_MIN, _K_MAX)

@@ -38,19 +38,25 @@ def gate_up_parts(tensors: dict, name: str, pairs: tuple[tuple[str, str], ...] |
 
 
 def refold_global_scale(q: Nvfp4Tensor, new_gs: torch.Tensor) -> tuple[Nvfp4Tensor, int]:
-    """Re-express ``q`` under global scale ``new_gs`` (>= its own); returns (tensor, blocks re-rounded)."""
-    old = q.scale.float() * q.global_scale                              # [N, K/16] fp32
-    scale = (old / new_gs).clamp(SCALE_MIN, E4M3_MAX).to(torch.float8_e4m3fn)
-    same = scale.float() * new_gs == old
+    """Re-express ``q`` under global scale ``new_gs`` (>= its own); returns (tensor, blocks re-rounded).
+
+    ``q`` 2-D with a 0-dim ``new_gs``, or stacked [E, N, K] with per-expert [E] scales (the load-time
+    cast, engine/moe_cast_method.py): each expert gets exactly the bytes of its own 2-D call."""
+    per_expert = q.global_scale.ndim == 1
+    gs_old = q.global_scale.reshape(-1, 1, 1) if per_expert else q.global_scale
+    gs_new = new_gs.reshape(-1, 1, 1) if per_expert else new_gs
+    old = q.scale.float() * gs_old                                      # [..., N, K/16] fp32
+    scale = (old / gs_new).clamp(SCALE_MIN, E4M3_MAX).to(torch.float8_e4m3fn)
+    same = scale.float() * gs_new == old
     n = int((~same).sum())
     data = q.data
     if n:
         codes = unpack_e2m1(q.data)
         vals = e2m1_decode(codes).reshape(*codes.shape[:-1], -1, BLOCK) * old.unsqueeze(-1)
-        requant = e2m1_encode(vals / (scale.float() * new_gs).unsqueeze(-1))
+        requant = e2m1_encode(vals / (scale.float() * gs_new).unsqueeze(-1))
         cb = codes.reshape(requant.shape)
         data = pack_e2m1(torch.where(same.unsqueeze(-1), cb, requant).reshape(codes.shape))
-    return Nvfp4Tensor(data, scale, new_gs.reshape(()), q.shape), n
+    return Nvfp4Tensor(data, scale, new_gs.reshape(-1) if per_expert else new_gs.reshape(()), q.shape), n
 
 
 def _max_input_scale(groups: dict) -> torch.Tensor | None:

@@ -121,6 +121,11 @@ class Nvfp4StackModelOptMoE(ModelOptNvFp4FusedMoE):
         w13 = Nvfp4Tensor(layer.w13_weight.data, layer.w13_weight_scale.data, w13_s2, (e, two_i, h))
         w2 = Nvfp4Tensor(layer.w2_weight.data, layer.w2_weight_scale.data,
                          layer.w2_weight_scale_2.data.float().contiguous(), (e, h, two_i // 2))
+        self.install(layer, w13, w2, *self._input_scales(layer))
+
+    def _input_scales(self, layer) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The calibrated activation scales W4A4 needs (None, None for weight-only)."""
+        p = self.prefix
         a13_scale = a2_scale = None
         if not self.use_a16:
             a13_scale = _shared_scale(layer.w13_input_scale.data, "input_scale", p)
@@ -130,6 +135,11 @@ class Nvfp4StackModelOptMoE(ModelOptNvFp4FusedMoE):
                     raise ValueError(f"{p}.{name}: expected finite positive calibrated scales, found "
                                      f"{s.tolist()}; the checkpoint lacks input scales: serve it as "
                                      "nvfp4_w4a16 or re-calibrate")
+        return a13_scale, a2_scale
+
+    def install(self, layer, w13: Nvfp4Tensor, w2: Nvfp4Tensor, a13_scale, a2_scale) -> None:
+        """Hand the layer's NVFP4 experts to the planned backend (prepare, warm-up) for ``apply``."""
+        p = self.prefix
         backend = MOE_BACKENDS.get(self.kernel)
         prepared = backend.prepare(MoeWeights(w13, w2, a13_scale, a2_scale), fp8_prefill=self.fp8_prefill)
         if not isinstance(prepared, PackedExperts):

@@ -23,6 +23,10 @@ SECTION_KEY = "nvfp4stack"
 QUANT_METHOD = "nvfp4stack"  # the name registered with vLLM's register_quantization_config
 VERSION = 1
 MOE_ROLES = ("routed_experts",)
+# Converters the plugin runs while vLLM loads the checkpoint (engine/moe_cast_method.py), so `serve`
+# takes the source checkpoint as it is: the release's MXFP4 experts, cast to NVFP4 on each rank's GPU.
+# The plan entry names it ("cast"); `convert` writes the same bytes to disk for those who want a copy.
+LOAD_TIME_CASTS = ("mxfp4_to_nvfp4",)
 
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -43,7 +47,7 @@ class EnginePlan:
     module prefix; :meth:`entry_for` answers from the MTP section, the exception, then the role's
     default."""
 
-    # role -> {"scheme": str, "kernel": str[, "fp8_prefill": bool]}
+    # role -> {"scheme": str, "kernel": str[, "fp8_prefill": bool][, "cast": a LOAD_TIME_CASTS name]}
     roles: dict[str, dict] = field(default_factory=dict)
     layers: dict[str, dict[str, dict]] = field(default_factory=dict)
     mtp: dict[str, dict] = field(default_factory=dict)
@@ -55,10 +59,13 @@ class EnginePlan:
         entries += [(f"{SECTION_KEY}.layers.{r}.{i}", e) for r, by in self.layers.items() for i, e in by.items()]
         entries += [(f"{SECTION_KEY}.mtp.roles.{r}", e) for r, e in self.mtp.items()]
         for where, entry in entries:
-            if not {"scheme", "kernel"} <= set(entry) <= {"scheme", "kernel", "fp8_prefill"}:
-                raise ValueError(f"{where}: expected keys scheme, kernel (and fp8_prefill for routed experts), "
+            if not {"scheme", "kernel"} <= set(entry) <= {"scheme", "kernel", "fp8_prefill", "cast"}:
+                raise ValueError(f"{where}: expected keys scheme, kernel (and fp8_prefill, cast for routed experts), "
                                  f"found {sorted(entry)}; regenerate the engine args from the recipe")
             Scheme.parse(entry["scheme"], where=f"{where}.scheme")
+            if entry.get("cast", LOAD_TIME_CASTS[0]) not in LOAD_TIME_CASTS:
+                raise ValueError(f"{where}.cast: expected one of {', '.join(LOAD_TIME_CASTS)} (the converters the "
+                                 f"plugin runs at load), found {entry['cast']!r}; regenerate the engine args")
         if self.mtp and self.mtp_first_layer is None:
             raise ValueError(f"{SECTION_KEY}.mtp: roles given without first_layer (the main model's "
                              "num_hidden_layers); regenerate the engine args from the recipe")
@@ -152,6 +159,8 @@ def engine_plan_from_plan(plan, *, fp8_prefill: bool = False, mtp_draft: bool = 
         entry = {"scheme": g.served.value, "kernel": g.kernel}
         if g.role in MOE_ROLES and fp8_prefill and g.kernel == FP8_PREFILL_KERNEL and not g.mtp:
             entry["fp8_prefill"] = True
+        if g.role in MOE_ROLES and g.converter in LOAD_TIME_CASTS and _own(entry, "moe"):
+            entry["cast"] = load_time_cast(g)   # our kernels only: vLLM's own take what their method loads
         if g.mtp:
             if mtp_draft:
                 _agree(mtp, g.role, entry, g.name, g.role, "the MTP block")
@@ -180,6 +189,19 @@ def engine_plan_from_plan(plan, *, fp8_prefill: bool = False, mtp_draft: bool = 
                         "config.json num_hidden_layers, or engine.speculative.method=null")
     return EnginePlan(roles, layers, {r: e for r, (e, _) in mtp.items()}, first if mtp else None,
                       family=getattr(plan, "family", None))
+
+
+def load_time_cast(g) -> str:
+    """The cast the plugin runs at load for a routed-expert group stored in another format; refused
+    where the served scheme needs what the source cannot give (W4A4 needs calibrated activation
+    scales, which the release's MXFP4 experts do not carry)."""
+    if g.served is not Scheme.NVFP4_W4A16:
+        raise PlanError(
+            f"{g.name} (role {g.role}): serving the source's {g.source.value} experts as {g.served.value} needs "
+            "calibrated activation scales (input_scale), which a load-time cast cannot make. Fix: "
+            f"precision.{g.role}=nvfp4_w4a16 (weight-only, no activation scales), or quantize with calibration "
+            "(python main.py quantize) and serve its output")
+    return g.converter
 
 
 def _key(entry: dict) -> tuple:

@@ -142,9 +142,12 @@ class Nvfp4StackConfig(QuantizationConfig):
 
                 self._check_nvfp4_module(prefix)
                 entry = self.plan.entry_for(prefix)
-                return _built(prefix, Nvfp4StackModelOptMoE(nvfp4_moe_config(self.base), layer.moe_config, kernel=kernel,
-                                                            scheme=Scheme(entry["scheme"]), prefix=prefix,
-                                                            fp8_prefill=bool(entry.get("fp8_prefill", False))))
+                method = Nvfp4StackModelOptMoE
+                if entry.get("cast"):  # stored MXFP4 (the release): cast to NVFP4 at load
+                    from nvfp4stack.engine.moe_cast_method import Nvfp4StackMxfp4CastMoE as method
+                return _built(prefix, method(nvfp4_moe_config(self.base), layer.moe_config, kernel=kernel,
+                                             scheme=Scheme(entry["scheme"]), prefix=prefix,
+                                             fp8_prefill=bool(entry.get("fp8_prefill", False))))
             planned_bf16 = (self.plan.entry_for(prefix) or {}).get("scheme") == Scheme.BF16.value
             if planned_bf16 and not self._excluded(prefix, default=True):
                 # before the base builds its quantized method: on CPU that already fails, obscurely

@@ -65,10 +65,10 @@ def _scale_kernel(words_ptr, scale_ptr, ws_ptr, out_ptr, gs_ptr, experts, per_ex
 
 
 def convert_scales(data: torch.Tensor, scale: torch.Tensor, experts: int, k_min: int, k_max: int,
-                   bias: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+                   bias: int, top: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, int]:
     """data uint8 [..., K/2], scale uint8 [..., K/32] (contiguous, rows split evenly over
     ``experts``) -> (E4M3 bytes uint8 [..., K/16], fp32 global scales [experts], number of
-    inexact 16-blocks)."""
+    inexact 16-blocks). ``top``: given int32 top exponents [experts] instead of pass 1's."""
     per_expert = scale.numel() // experts
     # one workspace, one fill: top[e] per expert, then the inexact counter, which therefore
     # starts at _EMPTY instead of 0 (subtracted below)
@@ -77,7 +77,10 @@ def convert_scales(data: torch.Tensor, scale: torch.Tensor, experts: int, k_min:
     gs = torch.empty((experts,), dtype=torch.float32, device=scale.device)
     words = data.view(torch.int64)
     grid = (triton.cdiv(per_expert, _BLOCK), experts)
-    _top_kernel[grid](words, scale, ws, per_expert, BLOCK=_BLOCK)
+    if top is None:
+        _top_kernel[grid](words, scale, ws, per_expert, BLOCK=_BLOCK)
+    else:
+        ws[:experts] = top.reshape(-1)
     _scale_kernel[grid](words, scale, ws, out, gs, experts, per_expert,
                         K_MIN=k_min, K_MAX=k_max, BIAS=bias, BLOCK=_BLOCK)
     return out, gs, int(ws[experts]) - _EMPTY

@@ -40,6 +40,9 @@ class ModelConfig:
     path: str | None = None
     source_format: str = "bf16"   # bf16 | modelopt | one the family declares (ModelFamily.source_formats)
     served_name: str | None = None
+    # Decoder layers kept of a weight-free descriptor (planning, engine.load_format=synthetic): full width,
+    # reduced depth (the MTP block stays). None keeps the model's own; a checkpoint has its own depth.
+    num_layers: int | None = None
 
     def __post_init__(self) -> None:
         from nvfp4stack.models.registry import get_family
@@ -52,6 +55,13 @@ class ModelConfig:
                 f"{family.name!r}: expected one of {', '.join(valid)}, found {self.source_format!r}. Fix: set "
                 f"model.source_format={valid[0]} (or another of those), or a model of a family that stores "
                 f"{self.source_format!r} (ModelFamily.source_formats in nvfp4stack/models/<family>/)")
+        if self.num_layers is not None and (self.num_layers < 1 or self.path or not self.descriptor):
+            found = (f"model.path={self.path!r}" if self.path else "a count below 1" if self.num_layers < 1
+                     else f"model {self.name!r} without a descriptor")
+            raise ValueError(
+                f"model.num_layers={self.num_layers!r}: expected a positive layer count for a weight-free descriptor "
+                f"(model.descriptor), found {found}; a checkpoint's depth is its own. Fix: drop model.num_layers, or "
+                "plan/serve a descriptor model (e.g. model=dsv4_flash engine.load_format=synthetic)")
         if not (self.descriptor or self.factory or self.path):
             raise ValueError(
                 f"model {self.name!r}: none of model.descriptor, model.factory, model.path is set; "

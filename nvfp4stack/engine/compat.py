@@ -67,3 +67,18 @@ def engine_token_budget(default: int = 8192) -> int:
     except AssertionError:  # vLLM 0.32 outside set_current_vllm_config
         return default
     return int(getattr(sched, "max_num_batched_tokens", None) or default)
+
+
+def check_all_weights_loaded(load_config, model, loaded: set[str], quantized: bool) -> None:
+    """vLLM's strict check that every parameter was written (``DefaultModelLoader.track_weights_loading``):
+    vLLM 0.32 takes ``quantized``, 0.26 does not."""
+    import inspect
+
+    from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
+
+    # a copy without this load format's own extra keys, which vLLM's loader refuses
+    loader = DefaultModelLoader(type(load_config)(load_format="auto"))
+    if "quantized" in inspect.signature(loader.track_weights_loading).parameters:
+        loader.track_weights_loading(model, loaded, quantized=quantized)
+    else:
+        loader.track_weights_loading(model, loaded)

@@ -54,6 +54,10 @@ class EngineConfig:
     # (the CPU rotary workaround of CONTEXT 5b when enforce_eager is on). A string, not a dict:
     # Hydra cannot override keys into an empty dict field of a structured config.
     compilation_config: Optional[str] = None
+    # --load-format: None leaves vLLM's ("auto"); "synthetic" draws the weights at load, no checkpoint on
+    # disk (engine/synthetic_loader.py, model.num_layers for a shallower model), from synthetic_seed.
+    load_format: Optional[str] = None
+    synthetic_seed: int = 0
     host: str = "127.0.0.1"
     port: int = 8000
     extra_args: list[str] = field(default_factory=list)  # appended verbatim to the server CLI

@@ -13,7 +13,8 @@ _registered = False
 
 
 def register() -> bool:
-    """Register the ``nvfp4stack`` quantization config and the CPU NVFP4 linear kernel.
+    """Register the ``nvfp4stack`` quantization config, the ``synthetic`` load format and the CPU NVFP4
+    linear kernel.
 
     Idempotent (vLLM may call plugins more than once per process). Returns True when vLLM is
     present and everything was registered, False when vLLM is not installed.
@@ -32,6 +33,9 @@ def register() -> bool:
     from nvfp4stack.engine.quant_config import Nvfp4StackConfig
 
     register_quantization_config(QUANT_METHOD)(Nvfp4StackConfig)
+    from nvfp4stack.engine.synthetic_loader import register as register_synthetic_loader
+
+    register_synthetic_loader()   # engine.load_format=synthetic: weights drawn at load, no checkpoint
     from vllm.platforms import current_platform
 
     if current_platform.is_cpu():  # GPUs have vLLM's own NVFP4 linear kernels

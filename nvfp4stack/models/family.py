@@ -72,6 +72,8 @@ Checkpoints and vLLM
   ``vllm_tokenizer_modes``                 vLLM ``--tokenizer-mode`` values the family adds.
   ``serve_checkpoint(cfg, plan, build)``   the dir vLLM serves for a factory model, or None;
                                            ``serve_factories`` lists the factories it answers for.
+  ``synthetic_weights(config, seed, device)``  optional: the checkpoint's tensors drawn per name,
+                            no files (``engine.load_format=synthetic``)
   ``synthetic_checkpoint(root, experts, num_layers, max_position)``  optional: a large random
                                            checkpoint for engine benchmarks (bench.engine_model=synthetic).
   ``quantize(cfg)``                        the ``quantize`` command for this family.
@@ -284,6 +286,12 @@ class ModelFamily:
     def synthetic_checkpoint(self, root: Path, experts: str, num_layers: int, max_position: int) -> Path | None:
         """A large random checkpoint for engine benchmarks, built once under ``root``; None: none."""
         return None
+
+    def synthetic_weights(self, config: dict, seed: int, device):
+        """(checkpoint name, tensor) for every tensor a checkpoint of ``config`` stores, in the layout
+        of the family's first source format, drawn on ``device`` per tensor name: what
+        ``engine.load_format=synthetic`` feeds vLLM's ``load_weights`` (engine/synthetic_loader.py)."""
+        raise self._missing("synthetic weights", "engine.load_format=synthetic", "a family with synthetic_weights")
 
     def quantize(self, cfg) -> int:
         raise self._missing("quantize", "quantize", "a family that has a quantize pipeline")

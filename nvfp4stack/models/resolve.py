@@ -67,3 +67,23 @@ def config_json_path(model, cache_dir: str) -> Path:
                          f"model.descriptor={model.descriptor!r}; expected one of them to name the model's config.json. "
                          "Fix: set model.path=<checkpoint dir>, a model.factory, or a model.descriptor")
     return d / "config.json"
+
+
+def with_num_layers(hf: dict, num_layers: int | None) -> dict:
+    """``hf`` (a config.json) cut to its first ``num_layers`` decoder layers, full width: per-layer lists
+    keep those layers' entries and any beyond the original depth (an MTP block's), counts of leading
+    special layers are capped. ``None`` or the model's own depth returns ``hf`` as it is."""
+    n0 = hf.get("num_hidden_layers")
+    if num_layers is None or num_layers == n0:
+        return hf
+    if not isinstance(n0, int) or num_layers > n0:
+        raise ValueError(f"model.num_layers={num_layers}: expected at most the model's num_hidden_layers ({n0}); "
+                         "a descriptor can be made shallower, not deeper. Fix: model.num_layers<={n0}")
+    out = dict(hf, num_hidden_layers=num_layers)
+    for key, value in hf.items():   # compress_ratios, layer_types, mlp_layer_types, ...
+        if isinstance(value, list) and len(value) >= n0 and key != "architectures":
+            out[key] = value[:num_layers] + value[n0:]
+    for key in ("num_hash_layers", "first_k_dense_replace"):
+        if isinstance(hf.get(key), int):
+            out[key] = min(hf[key], num_layers)
+    return out

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from nvfp4stack.arch import Arch, resolve
 from nvfp4stack.models.registry import get_family
-from nvfp4stack.models.resolve import config_json_path, header_dir
+from nvfp4stack.models.resolve import config_json_path, header_dir, with_num_layers
 from nvfp4stack.plan.groups import groups_from_checkpoint, load_config_json
 from nvfp4stack.plan.memory import Layout
 from nvfp4stack.plan.planner import Plan, build_plan
@@ -17,7 +17,7 @@ def plan_groups(cfg):
     """(group, stored scheme) pairs: from the checkpoint's headers when there are weights (a trained
     factory's random twin: the same headers), else from config.json alone through the model family's
     spec (``ModelFamily.tensor_groups``, for weight-free descriptors)."""
-    hf = load_config_json(config_json_path(cfg.model, cfg.cache_dir))
+    hf = with_num_layers(load_config_json(config_json_path(cfg.model, cfg.cache_dir)), cfg.model.num_layers)
     family = get_family(cfg.model.family)
     ckpt = header_dir(cfg.model, cfg.cache_dir) if (cfg.model.path or cfg.model.factory) else None
     if ckpt is not None and any(ckpt.glob("*.safetensors")):

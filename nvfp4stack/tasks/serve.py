@@ -15,7 +15,7 @@ import threading
 import time
 from pathlib import Path
 
-from nvfp4stack.engine.args import format_cli, server_argv
+from nvfp4stack.engine.args import SYNTHETIC, format_cli, server_argv
 from nvfp4stack.engine.plan_section import SECTION_KEY, EnginePlan, engine_plan_for
 from nvfp4stack.plan.preflight import host_mismatch
 
@@ -57,7 +57,12 @@ def server_env(cfg) -> dict[str, str]:
 
 
 def resolve_checkpoint(cfg, plan: EnginePlan, *, build: bool = True) -> Path:
-    """The directory vLLM loads: model.path, or the factory's cached build."""
+    """The directory vLLM loads: model.path, the factory's cached build, or (engine.load_format=synthetic)
+    a weight-free directory whose weights the plugin draws at load."""
+    if cfg.engine.load_format == SYNTHETIC:
+        from nvfp4stack.models.synthetic_dir import synthetic_model_dir
+
+        return synthetic_model_dir(cfg.model, cfg.cache_dir)
     if cfg.model.path:
         return Path(cfg.model.path).expanduser()
     from nvfp4stack.models.registry import get_factory, servable_factories
@@ -114,7 +119,7 @@ def serving(cfg, *, log_name: str = "vllm_server.log"):
     plan = engine_plan_for(cfg)
     ckpt = resolve_checkpoint(cfg, plan, build=True)
     argv = build_argv(cfg, plan, ckpt)
-    if plan.needs_plugin():
+    if plan.needs_plugin() or engine.load_format == SYNTHETIC:
         check_plugin_installed()
     env = server_env(cfg)
     log_path = Path(cfg.run_dir) / log_name
@@ -143,7 +148,7 @@ def run(cfg) -> int:
     plan = engine_plan_for(cfg)   # the planner's decisions; raises PlanError/BackendError like `plan`
     ckpt = resolve_checkpoint(cfg, plan, build=not engine.dry_run)
     argv = build_argv(cfg, plan, ckpt)
-    if plan.needs_plugin() and not engine.dry_run:
+    if (plan.needs_plugin() or engine.load_format == SYNTHETIC) and not engine.dry_run:
         check_plugin_installed()
     cli = format_cli(argv)
     (run_dir / "serve_command.sh").write_text(cli + "\n")

@@ -3,7 +3,8 @@ config, the release checkpoint loaded by vLLM's own loader, and our MoE method's
 ``process_weights_after_loading`` run on every routed-experts module (the load-time cast); the NVFP4
 tensors it leaves are saved for the test to compare with the offline converter's bytes.
 
-``python -m tests.engine.cast_at_load_child CKPT OVERRIDES_JSON OUT_SAFETENSORS``
+``python -m tests.engine.cast_at_load_child CKPT OVERRIDES_JSON OUT_SAFETENSORS [SEED]``; with SEED,
+CKPT is weight-free and vLLM loads it with the plugin's ``synthetic`` load format (that seed).
 (vLLM patches torch and starts a process group, hence a child process, like the doctor's load check).
 """
 from __future__ import annotations
@@ -13,7 +14,7 @@ import sys
 from pathlib import Path
 
 
-def main(ckpt: str, overrides: str, out: str) -> int:
+def main(ckpt: str, overrides: str, out: str, seed: str | None = None) -> int:
     from nvfp4stack.models.deepseek_v4.vllm_cpu_shims import force_no_amx_if_asked
 
     force_no_amx_if_asked()
@@ -23,6 +24,7 @@ def main(ckpt: str, overrides: str, out: str) -> int:
     from vllm.config import set_current_vllm_config
     from vllm.engine.arg_utils import EngineArgs
     from vllm.model_executor.layers.fused_moe import RoutedExperts
+    from vllm.model_executor.model_loader import get_model_loader
     from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
     from vllm.model_executor.model_loader.utils import get_model_architecture
     from vllm.utils.torch_utils import set_default_torch_dtype
@@ -32,9 +34,10 @@ def main(ckpt: str, overrides: str, out: str) -> int:
     from nvfp4stack.models.deepseek_v4.vllm_cpu_shims import allow_fp8_block_without_amx, init_dist_once
 
     register()
+    load = {} if seed is None else {"load_format": "synthetic", "model_loader_extra_config": {"seed": int(seed)}}
     ea = EngineArgs(model=ckpt, dtype="bfloat16", enforce_eager=True, max_model_len=256, max_num_batched_tokens=256,
                     max_num_seqs=4, skip_tokenizer_init=True, quantization="nvfp4stack",
-                    hf_overrides=json.loads(Path(overrides).read_text()))
+                    hf_overrides=json.loads(Path(overrides).read_text()), **load)
     vc = ea.create_engine_config()
     report = LoadReport(ckpt)
     saved: dict[str, torch.Tensor] = {}
@@ -44,9 +47,14 @@ def main(ckpt: str, overrides: str, out: str) -> int:
         model_cls, _ = get_model_architecture(vc.model_config)
         with set_default_torch_dtype(vc.model_config.dtype), torch.device("cpu"):
             model = model_cls(vllm_config=vc)
-        loader = DefaultModelLoader(vc.load_config)
         with torch.no_grad():
-            model.load_weights(loader.get_all_weights(vc.model_config, model))
+            if seed is None:
+                model.load_weights(DefaultModelLoader(vc.load_config).get_all_weights(vc.model_config, model))
+            else:
+                get_model_loader(vc.load_config).load_weights(model, vc.model_config)
+                bad = [n for n, p in model.named_parameters() if p.dtype.is_floating_point and p.dtype.itemsize > 1
+                       and not torch.isfinite(p.float()).all()]
+                print(f"[cast_at_load] non-finite parameters: {bad}", flush=True)
             for name, module in model.named_modules():
                 if not isinstance(module, RoutedExperts):
                     continue
@@ -62,4 +70,4 @@ def main(ckpt: str, overrides: str, out: str) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(*sys.argv[1:4]))
+    raise SystemExit(main(*sys.argv[1:5]))

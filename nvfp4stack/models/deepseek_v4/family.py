@@ -127,6 +127,11 @@ class DeepseekV4Family(ModelFamily):
 
         vllm_load_check(ckpt, report, mode)
 
+    def synthetic_weights(self, config: dict, seed: int, device):
+        from nvfp4stack.models.deepseek_v4.synthetic import release_stream
+
+        return release_stream(config, seed, device)
+
     def quantize(self, cfg) -> int:
         from nvfp4stack.models.deepseek_v4.quantize import run
 

@@ -133,30 +133,31 @@ def release_config(bf16_config: dict) -> dict:
     return cfg
 
 
-def _gen(seed: int, name: str) -> torch.Generator:
-    # Seed per tensor name: adding a tensor never shifts the values of the others.
-    return torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63))
+def _gen(seed: int, name: str, device: str | torch.device = "cpu") -> torch.Generator:
+    # Seed per tensor name: adding a tensor never shifts the values of the others. A CUDA generator
+    # draws other values than the CPU one from the same seed, the same on every GPU.
+    return torch.Generator(device=device).manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63))
 
 
 def _heavy_tailed(shape: tuple, std: float, g: torch.Generator, df: float = 5.0) -> torch.Tensor:
-    """Student-t(df) samples scaled to ``std`` (t has variance df/(df-2))."""
-    z = torch.randn(shape, generator=g)
+    """Student-t(df) samples scaled to ``std`` (t has variance df/(df-2)), on ``g``'s device."""
+    z = torch.randn(shape, generator=g, device=g.device)
     # Chi2 via sum of squares keeps the draw on our seeded generator.
-    v = torch.randn((*shape, int(df)), generator=g).pow(2).sum(-1)
+    v = torch.randn((*shape, int(df)), generator=g, device=g.device).pow(2).sum(-1)
     t = z / torch.sqrt(v / df)
     return t * (std / math.sqrt(df / (df - 2)))
 
 
-def _matrix(tg: TensorGroup, seed: int) -> torch.Tensor:
+def _matrix(tg: TensorGroup, seed: int, device: str | torch.device = "cpu") -> torch.Tensor:
     """A weight [out, in]: heavy-tailed, plus ~2% outlier input channels scaled 4-10x."""
-    g = _gen(seed, tg.name)
+    g = _gen(seed, tg.name, device)
     out_f, in_f = tg.shape
     gain = {"embed": 1.0 * math.sqrt(in_f), "head": 1.0, "gate": 1.0}.get(tg.role, 2.0)
     w = _heavy_tailed((out_f, in_f), gain / math.sqrt(in_f), g)
     if tg.role not in ("embed",):
         n_out = max(1, in_f // 50)
-        cols = torch.randperm(in_f, generator=g)[:n_out]
-        w[:, cols] *= 4.0 + 6.0 * torch.rand(n_out, generator=g)
+        cols = torch.randperm(in_f, generator=g, device=g.device)[:n_out]
+        w[:, cols] *= 4.0 + 6.0 * torch.rand(n_out, generator=g, device=g.device)
     return w
 
 
@@ -168,35 +169,44 @@ def _on_mxfp4_grid(w: torch.Tensor, name: str) -> torch.Tensor:
     return dequantize_mxfp4(q.data, q.scale, torch.bfloat16)
 
 
+def non_matrix_tensor(tg: TensorGroup, cfg: dict, seed: int, device: str | torch.device = "cpu") -> tuple[str, torch.Tensor]:
+    """(native tensor name, value) of a non-matrix group: norms near 1, small biases, mHC, tid2eid."""
+    g = _gen(seed, tg.name, device)
+    randn = lambda: torch.randn(tg.shape, generator=g, device=g.device)  # noqa: E731
+    leaf = tg.name.rsplit(".", 1)[-1]
+    if tg.dtype == "i64":  # tid2eid: k distinct experts per token id, every expert reachable
+        v, k = tg.shape
+        if g.device.type == "cpu":  # the tiny checkpoints' own draw (their bytes are cached and tested)
+            idx = torch.stack([torch.randperm(cfg["n_routed_experts"], generator=g)[:k] for _ in range(v)])
+        else:  # one draw for all rows: a full vocabulary (129,280 rows) in one launch
+            idx = torch.rand((v, cfg["n_routed_experts"]), generator=g, device=g.device).argsort(-1)[:, :k]
+        return tg.name, idx.to(torch.int64)
+    if tg.role == "norms":
+        return tg.name + ".weight", (1.0 + 0.1 * randn()).to(torch.bfloat16)
+    if tg.role == "attn_sink":
+        return tg.name, randn()
+    if leaf == "bias":  # noaux_tc e_score_correction_bias
+        return tg.name, 0.05 * randn()
+    if leaf == "ape":
+        return tg.name, 0.1 * randn()
+    if tg.role == "mhc":
+        if leaf.endswith("fn"):
+            return tg.name, randn() / math.sqrt(tg.shape[-1])
+        if leaf.endswith("base"):
+            return tg.name, 0.1 * randn()
+        return tg.name, 1.0 + 0.1 * randn()
+    raise ValueError(f"tiny_dsv4: no generator for tensor group {tg.name!r} (role {tg.role}, dtype "
+                     f"{tg.dtype}); add a case to non_matrix_tensor()")
+
+
 def _tensor(tg: TensorGroup, cfg: dict, seed: int) -> tuple[str, torch.Tensor]:
     """(native tensor name, value in its layout-(a) dtype) for one group."""
-    g = _gen(seed, tg.name)
     if tg.is_matrix:
         w = _matrix(tg, seed)
         if tg.role in RELEASE_MXFP4_ROLES:
             return tg.name + ".weight", _on_mxfp4_grid(w, tg.name + ".weight")
         return tg.name + ".weight", w.to(torch.bfloat16)
-    leaf = tg.name.rsplit(".", 1)[-1]
-    if tg.dtype == "i64":  # tid2eid: k distinct experts per token id, every expert reachable
-        v, k = tg.shape
-        idx = torch.stack([torch.randperm(cfg["n_routed_experts"], generator=g)[:k] for _ in range(v)])
-        return tg.name, idx.to(torch.int64)
-    if tg.role == "norms":
-        return tg.name + ".weight", (1.0 + 0.1 * torch.randn(tg.shape, generator=g)).to(torch.bfloat16)
-    if tg.role == "attn_sink":
-        return tg.name, torch.randn(tg.shape, generator=g)
-    if leaf == "bias":  # noaux_tc e_score_correction_bias
-        return tg.name, 0.05 * torch.randn(tg.shape, generator=g)
-    if leaf == "ape":
-        return tg.name, 0.1 * torch.randn(tg.shape, generator=g)
-    if tg.role == "mhc":
-        if leaf.endswith("fn"):
-            return tg.name, torch.randn(tg.shape, generator=g) / math.sqrt(tg.shape[-1])
-        if leaf.endswith("base"):
-            return tg.name, 0.1 * torch.randn(tg.shape, generator=g)
-        return tg.name, 1.0 + 0.1 * torch.randn(tg.shape, generator=g)
-    raise ValueError(f"tiny_dsv4: no generator for tensor group {tg.name!r} (role {tg.role}, dtype "
-                     f"{tg.dtype}); add a case to _tensor()")
+    return non_matrix_tensor(tg, cfg, seed)
 
 
 def tiny_dsv4_state(cfg: dict, seed: int) -> dict[str, torch.Tensor]:
@@ -204,26 +214,29 @@ def tiny_dsv4_state(cfg: dict, seed: int) -> dict[str, torch.Tensor]:
     return dict(_tensor(tg, cfg, seed) for tg in dsv4_tensor_groups(cfg))
 
 
-def to_release(state: dict[str, torch.Tensor], cfg: dict) -> dict[str, torch.Tensor]:
-    """Layout (a) -> layout (b): FP8-block and MXFP4 roles quantized, everything else as is."""
+def release_tensors(name: str, t: torch.Tensor, role: str | None) -> dict[str, torch.Tensor]:
+    """One layout-(a) tensor in the release's format: FP8 E4M3 + UE8M0 128x128 for the FP8 roles,
+    MXFP4 (packed E2M1 as I8, UE8M0 per 32 as F8_E8M0) for the routed experts, else as it is."""
     from nvfp4stack.formats.fp8_block import quantize_fp8_block
     from nvfp4stack.formats.mxfp4 import quantize_mxfp4
+
+    if not name.endswith(".weight") or t.ndim != 2 or role not in RELEASE_FP8_ROLES | RELEASE_MXFP4_ROLES:
+        return {name: t}
+    base = name[: -len(".weight")]
+    if role in RELEASE_FP8_ROLES:
+        q = quantize_fp8_block(t, ue8m0=True, name=name)
+        return {name: q.data, base + ".scale": q.scale.view(torch.float8_e8m0fnu)}
+    q = quantize_mxfp4(t, name=name)
+    return {name: q.data.view(torch.int8), base + ".scale": q.scale.view(torch.float8_e8m0fnu)}
+
+
+def to_release(state: dict[str, torch.Tensor], cfg: dict) -> dict[str, torch.Tensor]:
+    """Layout (a) -> layout (b): FP8-block and MXFP4 roles quantized, everything else as is."""
     from nvfp4stack.plan.roles import role_of
 
     out: dict[str, torch.Tensor] = {}
     for name, t in state.items():
-        role = role_of(name, "deepseek_v4")
-        if not name.endswith(".weight") or t.ndim != 2 or role not in RELEASE_FP8_ROLES | RELEASE_MXFP4_ROLES:
-            out[name] = t
-            continue
-        base = name[: -len(".weight")]
-        if role in RELEASE_FP8_ROLES:
-            q = quantize_fp8_block(t, ue8m0=True, name=name)
-            out[name], out[base + ".scale"] = q.data, q.scale.view(torch.float8_e8m0fnu)
-        else:
-            q = quantize_mxfp4(t, name=name)
-            # The release stores packed E2M1 as I8 and the UE8M0 scales as F8_E8M0.
-            out[name], out[base + ".scale"] = q.data.view(torch.int8), q.scale.view(torch.float8_e8m0fnu)
+        out.update(release_tensors(name, t, role_of(name, "deepseek_v4")))
     return out
 
 

@@ -6,7 +6,10 @@ Output goes to ``.<dst>.tmp`` next to ``dst``; a shard is closed at a unit bound
 reaches ``max_shard_bytes``, so the layout depends only on the input and the plan. Every closed
 shard is recorded in ``journal.jsonl`` (with the next unit to run), so a killed run resumes from
 the last complete shard and produces the same bytes as an uninterrupted one. The index, configs
-and report follow, the manifest (sha256 per file) last, then the directory is renamed into place.
+and report follow, the manifest (sha256 per file) last, then the directory is renamed into place;
+the journal stays until then, so a kill during that finalize keeps every shard too. An existing
+``dst`` is called complete only after its shards are checked against their headers, and only a
+directory a convert wrote is ever replaced. The free space is checked before the first shard.
 """
 from __future__ import annotations
 

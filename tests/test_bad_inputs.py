@@ -180,15 +180,25 @@ def test_backend_arch_combination_rejected(tmp_path):
 
 
 def test_output_directory_present_refused_unless_overwrite(ckpt, tmp_path):
+    """A directory convert did not write is never deleted, overwrite or not; one it wrote for
+    another plan is replaced only with overwrite."""
     dst = tmp_path / "out"
     dst.mkdir()
     (dst / "keep.txt").write_text("precious")
+    for overwrite in (False, True):
+        with pytest.raises(FileExistsError) as e:
+            convert_checkpoint(ckpt, dst, RULES, overwrite=overwrite, progress=False)
+        assert isinstance(e.value, ValueError)  # a user error: exit 2 in the CLI
+        assert str(e.value).startswith(f"convert.dst: {dst} exists and was not written by convert")
+        assert (dst / "keep.txt").read_text() == "precious" and len(list(dst.iterdir())) == 1
+    other = tmp_path / "other"
+    convert_checkpoint(ckpt, other, {"*": "passthrough"}, progress=False)
     with pytest.raises(FileExistsError) as e:
-        convert_checkpoint(ckpt, dst, RULES, progress=False)
-    assert str(dst) in str(e.value) and "convert.overwrite=true" in str(e.value)
-    assert (dst / "keep.txt").read_text() == "precious" and len(list(dst.iterdir())) == 1
-    convert_checkpoint(ckpt, dst, RULES, overwrite=True, progress=False)
-    assert not (dst / "keep.txt").exists() and (dst / INDEX_NAME).exists()
+        convert_checkpoint(ckpt, other, RULES, progress=False)
+    assert str(other) in str(e.value) and "convert.overwrite=true" in str(e.value)
+    convert_checkpoint(ckpt, other, RULES, overwrite=True, progress=False)
+    assert "layers.0.ffn.experts.0.w1.weight_scale" in json.loads((other / INDEX_NAME).read_text())["weight_map"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "temp dirs left behind"
 
 
 def test_no_pickle_loading_in_the_package():

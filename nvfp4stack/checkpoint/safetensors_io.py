@@ -85,22 +85,72 @@ def file_infos(path: str | Path) -> dict[str, TensorInfo]:
                              base + h["data_offsets"][1]) for name, h in header.items()}
 
 
+def _hub_blobs(root: Path) -> Path | None:
+    """``<repo>/blobs`` when ``root`` is a Hugging Face hub snapshot (``<repo>/snapshots/<rev>``),
+    whose files are links into the repo's content-addressed blobs by design."""
+    if root.parent.name == "snapshots" and (root.parent.parent / "blobs").is_dir():
+        return root.parent.parent / "blobs"
+    return None
+
+
+def check_inside(directory: str | Path, path: str | Path, where: str) -> Path:
+    """``path`` when it, after links, lies inside the checkpoint ``directory`` (or, for a hub
+    snapshot, in its repo's blobs); a link that leaves it is refused (a checkpoint is untrusted)."""
+    root, path = Path(directory).resolve(), Path(path)
+    real = path.resolve()
+    blobs = _hub_blobs(root)
+    if real.is_relative_to(root) or (blobs is not None and real.is_relative_to(blobs.resolve())):
+        return path
+    raise ValueError(f"{where}: {path} links to {real}, outside the checkpoint directory {root}; a "
+                     "checkpoint's files must lie inside it: copy the file in (cp --dereference) "
+                     "instead of linking it")
+
+
+def checkpoint_file(directory: str | Path, name, where: str) -> Path:
+    """``directory/name`` for a file name the checkpoint itself lists (an index entry), refused
+    unless ``name`` is a plain file name (no directory part, not absolute, not '..') whose file
+    lies inside ``directory``."""
+    directory = Path(directory)
+    if (not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\\" in name
+            or "\0" in name or Path(name).is_absolute()):
+        raise ValueError(f"{where}: shard {name!r} is not a plain file name inside {directory}; an index "
+                         "names shards in its own directory only: set the entry to the shard's file name "
+                         "(e.g. 'model-00001-of-00002.safetensors') and put that file in the directory")
+    return check_inside(directory, directory / name, where)
+
+
+def shard_files(directory: str | Path) -> list[Path]:
+    """The checkpoint's shard files (index json, one model.safetensors, or loose *.safetensors),
+    every one checked to be a plain name whose file lies inside ``directory``."""
+    directory = Path(directory)
+    index = directory / INDEX_NAME
+    if index.exists():
+        check_inside(directory, index, INDEX_NAME)
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            items = sorted(weight_map.items())
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"{index}: unreadable ({type(e).__name__}: {e}); expected a JSON object with "
+                             "a weight_map of tensor name -> shard file name: regenerate the index") from None
+        first: dict = {}
+        for tensor, f in items:
+            first.setdefault(f if isinstance(f, str) else repr(f), (tensor, f))
+        return [checkpoint_file(directory, f, f"{INDEX_NAME} weight_map[{tensor!r}]")
+                for _, (tensor, f) in sorted(first.items())]
+    names = [SINGLE_NAME] if (directory / SINGLE_NAME).exists() else sorted(
+        p.name for p in directory.glob("*.safetensors"))
+    return [check_inside(directory, directory / n, n) for n in names]
+
+
 class ShardedReader:
     """Read a checkpoint directory (index json, one model.safetensors, or loose *.safetensors)."""
 
     def __init__(self, directory: str | Path):
         self.dir = Path(directory)
-        index = self.dir / INDEX_NAME
-        if index.exists():
-            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        elif (self.dir / SINGLE_NAME).exists():
-            files = [SINGLE_NAME]
-        else:
-            files = sorted(p.name for p in self.dir.glob("*.safetensors"))
-        if not files:
+        self.files = shard_files(self.dir)
+        if not self.files:
             raise FileNotFoundError(f"{self.dir}: no {INDEX_NAME} and no *.safetensors; point "
                                     "the checkpoint path at a directory holding safetensors shards")
-        self.files = [self.dir / f for f in files]
         self.infos: dict[str, TensorInfo] = {}
         for f in self.files:
             for name, info in file_infos(f).items():

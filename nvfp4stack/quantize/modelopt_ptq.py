@@ -2,16 +2,18 @@
 
 The amax snapshot is the lesson of the original quantize repo: after long calibrations device
 tensors went stale before export, so the calibrated amax values are copied to CPU and saved
-(``amax.pt``) right after calibration; ``export_from_snapshot=True`` re-exports from them alone.
+right after calibration, as safetensors (never a pickle) in ``calibration/amax.safetensors``: a
+sub-directory, since vLLM loads every top-level ``*.safetensors`` of a checkpoint without an index.
 """
 from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Callable
 
+from nvfp4stack.checkpoint.safetensors_io import check_inside
+from nvfp4stack.checkpoint.side_files import copy_side_files, side_files
 from nvfp4stack.io_atomic import atomic_dir
 from nvfp4stack.models.corpus import calibration_texts
 
@@ -19,6 +21,7 @@ from nvfp4stack.models.corpus import calibration_texts
 MODELOPT_CONFIGS = ("NVFP4_DEFAULT_CFG", "NVFP4_EXPERTS_ONLY_CFG", "NVFP4_MLP_ONLY_CFG")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
                    "special_tokens_map.json", "generation_config.json")
+AMAX_FILE = Path("calibration") / "amax.safetensors"
 
 
 def _quant_cfg(name: str, disable: tuple[str, ...] = ()):
@@ -51,6 +54,24 @@ def snapshot_amax(model) -> dict:
     return out
 
 
+def save_amax(amax: dict, path: str | os.PathLike, quant_cfg_name: str) -> Path:
+    """The amax snapshot as safetensors at ``path`` (quantizer name -> tensor, the config in the metadata)."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in sorted(amax.items())}, str(path),
+              metadata={"format": "pt", "modelopt_config": quant_cfg_name})
+    return path
+
+
+def load_amax(path: str | os.PathLike) -> dict:
+    """The amax snapshot save_amax wrote (safetensors: no code runs on load)."""
+    from safetensors.torch import load_file
+
+    return load_file(str(path))
+
+
 def calibrate(model, tokenizer, quant_cfg_name: str, num_samples: int = 32, max_len: int = 256,
               seed: int = 0, forward_loop: Callable | None = None, disable: tuple[str, ...] = ()):
     """Insert modelopt quantizers and calibrate them on the stdlib corpus (or ``forward_loop``)."""
@@ -76,7 +97,7 @@ def load_kwargs() -> dict:
     MoE does not fit one GPU nor, in practice, host memory; on CPU hosts it stays where it loads."""
     import torch
 
-    kw = {"dtype": torch.bfloat16}
+    kw = {"dtype": torch.bfloat16, "use_safetensors": True}  # never torch.load a checkpoint's .bin
     if torch.cuda.is_available():
         kw["device_map"] = "auto"
     return kw
@@ -98,6 +119,8 @@ def quantize_and_export(model_dir: str | os.PathLike, out_dir: str | os.PathLike
 
     src = Path(model_dir)
     out = Path(out_dir)
+    tokenizer_files, _ = side_files(src, TOKENIZER_FILES)  # refuses one linking out of src
+    src_cfg = json.loads(check_inside(src, src / "config.json", "config.json").read_text())
     tokenizer = AutoTokenizer.from_pretrained(src)
     model = AutoModelForCausalLM.from_pretrained(src, **load_kwargs()).eval()
     calibrate(model, tokenizer, quant_cfg_name, num_samples=num_samples, max_len=max_len, seed=seed,
@@ -105,15 +128,12 @@ def quantize_and_export(model_dir: str | os.PathLike, out_dir: str | os.PathLike
 
     out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_dir(out) as tmp:
-        torch.save(snapshot_amax(model), tmp / "amax.pt")
+        save_amax(snapshot_amax(model), tmp / AMAX_FILE, quant_cfg_name)
         with torch.inference_mode():
             export_hf_checkpoint(model, export_dir=tmp)
-        src_cfg = json.loads((src / "config.json").read_text())
         cfg_path = tmp / "config.json"
         cfg = json.loads(cfg_path.read_text())
         cfg.update({k: src_cfg[k] for k in keep_config_keys if k in src_cfg})
         cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True))
-        for name in TOKENIZER_FILES:
-            if (src / name).exists() and not (tmp / name).exists():
-                shutil.copy2(src / name, tmp / name)
+        copy_side_files([p for p in tokenizer_files if not (tmp / p.name).exists()], tmp)
     return out

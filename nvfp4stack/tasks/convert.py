@@ -56,11 +56,13 @@ def chooser_for(cfg, src: Path):
 def planned_config(cfg, plan, src: Path) -> dict | None:
     """config.json for the converted checkpoint: the model family's fix-ups for what the plan
     converts to (None: the source's config.json is copied as it is)."""
+    from nvfp4stack.checkpoint.safetensors_io import check_inside
     from nvfp4stack.models.registry import get_family
 
     if not (src / "config.json").exists():
         return None
-    return get_family(cfg.model.family).served_config(json.loads((src / "config.json").read_text()), plan.groups)
+    path = check_inside(src, src / "config.json", "config.json")
+    return get_family(cfg.model.family).served_config(json.loads(path.read_text()), plan.groups)
 
 
 def default_dst(cfg, src: Path, choose) -> Path:
@@ -80,7 +82,7 @@ def default_dst(cfg, src: Path, choose) -> Path:
 
 
 def run(cfg) -> int:
-    from nvfp4stack.convert.stream import convert_checkpoint
+    from nvfp4stack.convert.stream import REPORT, convert_checkpoint
 
     c = cfg.convert
     if c.src or getattr(cfg.model, "path", None):
@@ -99,7 +101,14 @@ def run(cfg) -> int:
         src, dst, choose, config=config, unknown_tensors=c.unknown_tensors,
         overwrite=c.overwrite, max_shard_bytes=int(c.max_shard_bytes), device=c.device,
         hf_quant_config=_plain(c.hf_quant_config) or None)
+    if report.get("already_complete"):
+        return 0
     print(f"convert: wrote {dst}: {report['shards']} shard(s), {len(report['unknown_tensors'])} unknown "
           f"tensor(s) passed through", flush=True)
-    log.info("converter report %s", json.dumps(report["converters"])[:500])
+    log.info("converter report %s", clip(json.dumps(report["converters"]), 500, dst / REPORT))
     return 0
+
+
+def clip(text: str, limit: int, full: Path) -> str:
+    """``text`` cut to ``limit`` characters, the cut marked and pointing at the whole of it."""
+    return text if len(text) <= limit else f"{text[:limit]}... (truncated; full report in {full})"

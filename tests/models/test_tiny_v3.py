@@ -57,7 +57,11 @@ def test_export_is_modelopt_nvfp4_experts_only_and_bit_exact(built):
     q = cfg["quantization_config"]
     assert (q["quant_method"], q["quant_algo"]) == ("modelopt", "NVFP4")
     assert cfg["topk_method"] == "noaux_tc", "routing fields must survive the export"
-    assert (nvfp4 / "amax.pt").exists() and (nvfp4 / "tokenizer.json").exists()
+    from nvfp4stack.quantize.modelopt_ptq import AMAX_FILE, load_amax
+
+    assert (nvfp4 / "tokenizer.json").exists() and not list(nvfp4.rglob("*.pt"))
+    amax = load_amax(nvfp4 / AMAX_FILE)  # the calibration snapshot, as safetensors
+    assert amax and all(v.numel() and torch.isfinite(v).all() for v in amax.values())
     exported = load_file(str(nvfp4 / "model.safetensors"))
     src = load_file(str(bf16 / "model.safetensors"))
     assert exported["model.layers.0.self_attn.o_proj.weight"].dtype == torch.bfloat16  # experts only

@@ -32,7 +32,8 @@ def test_run_converts_reruns_and_refuses_a_different_plan(tmp_path, monkeypatch,
     assert "layers.0.ffn.experts.0.w2.weight_scale_2" in idx["weight_map"]
     capsys.readouterr()
     assert task.run(cfg) == 0  # the same command again: found complete, nothing rewritten
-    assert "already complete" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "already complete" in out and "wrote" not in out  # one verdict, not "nothing to do" then "wrote"
     assert len(list((tmp_path / "outputs" / "converted").iterdir())) == 1
     fixed = cfg_for(tmp_path, rules=["*=passthrough"], dst=str(outs[0]))
     with pytest.raises(FileExistsError, match="convert.overwrite=true"):

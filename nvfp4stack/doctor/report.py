@@ -138,8 +138,9 @@ def _rows(items: list[Finding], full_list: str) -> list[tuple[str, ...]]:
         if len(group) <= SHOWN_ALIKE:
             rows += [(f.check, f.where, f.found, f.expected, f.fix) for f in group]
         else:
-            rows.append((check, f"{where} (x{len(group)})", f"{first.found} (at {first.where}; "
-                         f"{len(group) - 1} more alike, listed in {full_list})", first.expected, fix))
+            same = all(f.where == first.where for f in group)
+            rows.append((check, f"{first.where if same else where} (x{len(group)})", f"{first.found} (at "
+                         f"{first.where}; {len(group) - 1} more alike, listed in {full_list})", first.expected, fix))
         for f in group:
             rows += _follow_on_row(f.where, follow.pop(f.where, []), full_list)
     for cause, fs in follow.items():  # a cause that is no finding of this severity

@@ -47,6 +47,8 @@ def diagnose(checkpoint: str | Path, *, values: bool = True, vllm: str = "auto",
     """
     ckpt = Path(checkpoint)
     report = DoctorReport(str(ckpt))
+    if plan is not None:
+        report.served = {g.name: g.served.value for g in plan.groups}
     if not ckpt.is_dir():
         report.error("files", str(ckpt), "not a directory", "a checkpoint directory", "point checkpoint= at one")
         return report
@@ -59,9 +61,32 @@ def diagnose(checkpoint: str | Path, *, values: bool = True, vllm: str = "auto",
         check_values(tensors, report, family.gate_up_pairs if family is not None else None)
     if plan is not None:
         _check_plan(plan, report)
-    if loadable:
+    why_not = _no_load_check(family, loadable, vllm, report)
+    if why_not:
+        report.skip("vllm_load", why_not)
+    else:
         family.vllm_load_check(ckpt, report, vllm)
     return report
+
+
+def _no_load_check(family, loadable: bool, mode: str, report: DoctorReport) -> str:
+    """Why vLLM's load check cannot run here ('' when it can; the family may still skip it)."""
+    from nvfp4stack.models.family import ModelFamily
+
+    if mode == "off":
+        return "turned off (vllm='off')"
+    if family is None:
+        return "config.json names no registered model family, so no vLLM model to load into"
+    if type(family).vllm_load_check is ModelFamily.vllm_load_check:
+        return f"model family {family.name!r} has no vLLM load check"
+    if not loadable:
+        return "the tensor names are not the layout vLLM's loader reads (see the errors above)"
+    broken = sorted(set(report.lost.values()) | {f.where for f in report.errors if f.check in ("header", "truncated")
+                                                  and f.where.endswith(".safetensors")})
+    if broken:
+        return (f"unreadable or missing shard(s) {', '.join(broken)}: vLLM's loader stops at the first; "
+                "fix the files, then run the doctor again")
+    return ""
 
 
 def _check_plan(plan, report: DoctorReport) -> None:

@@ -39,6 +39,7 @@ def read_shard(path: Path, report: DoctorReport) -> dict[str, TensorInfo]:
     header.pop("__metadata__", None)
     out: dict[str, TensorInfo] = {}
     data_len = size - 8 - n
+    past_end: list[tuple[str, int]] = []
     for name, h in header.items():
         try:
             dtype, shape, (start, end) = h["dtype"], tuple(h["shape"]), h["data_offsets"]
@@ -58,10 +59,16 @@ def read_shard(path: Path, report: DoctorReport) -> dict[str, TensorInfo]:
                          f"{numel * itemsize} bytes", fix_copy)
             continue
         if end > data_len:
-            report.error("truncated", f"{path.name}:{name}", f"data ends at byte {end} of {data_len}",
-                         f"{path.name} holding all {end} data bytes", fix_copy)
+            past_end.append((name, end))
             continue
         out[name] = TensorInfo(path, dtype, shape, 8 + n + start, 8 + n + end)
+    if past_end:
+        # one root cause: what is missing downstream (structure, index, vLLM) follows from it
+        need = max(e for _, e in past_end)
+        report.error("truncated", path.name, f"{data_len} data bytes; {len(past_end)} of {len(header)} tensors "
+                     f"lie past the end (e.g. {past_end[0][0]})", f"{need} data bytes (the header's last offset)",
+                     fix_copy)
+        report.lose([nm for nm, _ in past_end], path.name)
     return out
 
 
@@ -80,25 +87,33 @@ def read_checkpoint(ckpt: Path, report: DoctorReport) -> dict[str, TensorInfo]:
         report.error("files", str(ckpt), "no *.safetensors", "safetensors shards", "point checkpoint= at a checkpoint dir")
         return {}
     tensors: dict[str, TensorInfo] = {}
+    broken: set[str] = set()   # shards whose header could not be read
     for f in files:
-        for name, info in read_shard(f, report).items():
+        before = len(report.errors)
+        infos = read_shard(f, report)
+        if not infos and len(report.errors) > before:
+            broken.add(f.name)
+        for name, info in infos.items():
             if name in tensors:
                 report.error("duplicate", name, f"stored in {tensors[name].file.name} and {f.name}",
                              "one copy", "remove the duplicate shard")
                 continue
             tensors[name] = info
     if index is not None:
-        check_index(index, tensors, files, ckpt, report)
+        check_index(index, tensors, files, ckpt, report, broken)
     return tensors
 
 
 def check_index(index: dict, tensors: dict[str, TensorInfo], files: list[Path], ckpt: Path,
-                report: DoctorReport) -> None:
+                report: DoctorReport, broken: set[str] = frozenset()) -> None:
+    """``broken``: shards already reported unreadable; their indexed tensors follow from that."""
     names = {f.name for f in files}
     for fname in sorted(set(index.values()) - names):
         n = sum(1 for v in index.values() if v == fname)
         report.error("index", fname, f"referenced by {INDEX_NAME} for {n} tensors but missing from {ckpt}",
                      "every shard named in the index present", f"copy {fname} into the checkpoint dir")
+    for fname in (set(index.values()) - names) | set(broken):
+        report.lose([t for t, v in index.items() if v == fname and t not in tensors], fname)
     for name, fname in sorted(index.items()):
         if fname not in names:
             continue

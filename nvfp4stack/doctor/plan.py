@@ -109,6 +109,32 @@ def _rule_fix(role: str, layers: set[str], scheme: Scheme, example: str) -> str:
     return f"precision.rules=[{{targets:['re:^{pattern}\\.'],scheme:{scheme.value}}}]"
 
 
+def _check_declared(plan, ckpt: Path, report: DoctorReport) -> None:
+    """NVFP4 tensors the plan serves need a checkpoint that declares them: without any
+    quantization_config vLLM builds every layer unquantized and serve refuses the checkpoint."""
+    cfg_path = ckpt / "config.json"
+    try:
+        declared = json.loads(cfg_path.read_text()).get("quantization_config") if cfg_path.exists() else None
+    except ValueError:
+        return  # the config check reports the invalid JSON
+    if declared is not None or (ckpt / "hf_quant_config.json").exists():
+        return
+    from nvfp4stack.doctor.files import by_group, read_checkpoint, sniff
+
+    # groups still stored as the source (BF16) get the doctor's "run convert first" warning instead
+    stored = by_group(read_checkpoint(ckpt, DoctorReport(str(ckpt))))
+    nvfp4 = [g for g in plan.groups if g.target.is_nvfp4 and sniff(stored.get(g.name, {})) is Scheme.NVFP4]
+    if not nvfp4:
+        return
+    roles = sorted({g.role for g in nvfp4})
+    report.error("quant_config", "config.json:quantization_config", "absent",
+                 f"a quantization_config declaring the NVFP4 {', '.join(roles)} the recipe's plan serves "
+                 f"({len(nvfp4)} groups, e.g. {nvfp4[0].name})",
+                 "vLLM loads a checkpoint without one unquantized and serve refuses it: make the checkpoint with "
+                 "'python main.py recipe=... quantize' (modelopt writes the NVFP4 tensors and their config), then "
+                 "doctor/serve model.path=<the dir it prints>")
+
+
 def check_plan_agreement(plan, ckpt: str | Path, report: DoctorReport) -> None:
     """Findings, aggregated per (role, disagreement) with the layers named:
 
@@ -119,6 +145,7 @@ def check_plan_agreement(plan, ckpt: str | Path, report: DoctorReport) -> None:
     """
     q = modelopt_quant_config(Path(ckpt))
     if q is None:
+        _check_declared(plan, Path(ckpt), report)
         return
     found: dict[tuple, tuple[set[str], str]] = {}
     checked = checked_roles(plan.family)

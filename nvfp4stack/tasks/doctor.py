@@ -49,6 +49,7 @@ def run(cfg) -> int:
     if plan is not None:
         # the checkpoint's quantization_config against its tensors and against the plan serve runs
         check_plan_agreement(plan, ckpt, report)
-    print(report.table())
-    atomic_write_text(Path(cfg.run_dir) / "doctor.json", json.dumps(report.to_json(), indent=2))
+    out = Path(cfg.run_dir) / "doctor.json"
+    atomic_write_text(out, json.dumps(report.to_json(), indent=2))
+    print(report.table(full_list=str(out)))
     return report.exit_code

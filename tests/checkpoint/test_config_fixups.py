@@ -95,3 +95,20 @@ def test_fp8_block_ue8m0_declares_the_release_fp8_format():
     q = out["quantization_config"]
     assert (q["quant_method"], q["fmt"], q["scale_fmt"], q["weight_block_size"]) == ("fp8", "e4m3", "ue8m0", [128, 128])
     assert q["moe_quant_algo"] == "NVFP4" and out["hidden_size"] == 8
+
+
+def test_bf16_linears_are_ignored_by_the_fp8_config():
+    """A BF16-kept attention / shared expert under quant_method fp8: vLLM would build FP8 parameters
+    for it (the 61 'bfloat16 -> float8_e4m3fn' load errors of a convert from BF16) unless ignored."""
+    from nvfp4stack.schemes import Scheme
+
+    cfg = {**SAVED, "compress_ratios": [0, 4, 128, 4], "num_hash_layers": 1, "topk_method": "noaux_tc",
+           "qk_rope_head_dim": 64}
+    mods = ["layers.1.attn.wq_a", "layers.1.attn.wkv", "layers.0.ffn.shared_experts.w2", "layers.1.attn.wq_a"]
+    out = F.served_config(cfg, {("routed_experts", Scheme.NVFP4), ("attn.wo_a", Scheme.FP8_BLOCK)}, mods)
+    q = out["quantization_config"]
+    assert q["quant_method"] == "fp8" and q["moe_quant_algo"] == "NVFP4"
+    assert q["ignored_layers"] == ["layers.0.ffn.shared_experts.w2", "layers.1.attn.wkv", "layers.1.attn.wq_a"]
+    # nothing kept BF16, or no FP8 config at all: no ignored_layers key
+    assert "ignored_layers" not in F.served_config(cfg, {("attn.wo_a", Scheme.FP8_BLOCK)})["quantization_config"]
+    assert "quantization_config" not in F.served_config(cfg, set(), mods)

@@ -250,3 +250,68 @@ def test_doctor_writes_nothing(layouts):
     before = {p.name: p.stat().st_mtime_ns for p in layouts["modelopt"].iterdir()}
     _doc(layouts["modelopt"])
     assert {p.name: p.stat().st_mtime_ns for p in layouts["modelopt"].iterdir()} == before
+
+
+def _table_rows(r) -> list[str]:
+    return [ln for ln in r.table().splitlines() if ln.startswith("  ") and "|" in ln]
+
+
+def test_truncated_shard_is_one_root_row_with_its_follow_ons_counted(sharded, tmp_path):
+    c = _copy(sharded, tmp_path / "c")
+    shard = sorted(c.glob("*.safetensors"))[1]
+    data = shard.read_bytes()
+    shard.write_bytes(data[: len(data) // 2])
+    r = _doc(c)
+    roots = [f for f in r.errors if not f.cause]
+    assert [(f.check, f.where) for f in roots] == [("truncated", shard.name)], r.table()
+    assert "tensors lie past the end" in roots[0].found and "re-copy" in roots[0].fix
+    follow = [f for f in r.errors if f.cause]
+    assert len(follow) > 50 and {f.cause for f in follow} == {shard.name}
+    assert {f.check for f in follow} <= {"missing", "index", "extra", "format"}
+    rows = _table_rows(r)
+    assert len(rows) == 3, r.table()   # the column header, the root, one row counting its follow-ons
+    assert rows[2].startswith("  follow-on") and f"{len(follow)} follow-on errors of {shard.name}" in rows[2]
+    assert r.skipped["vllm_load"].startswith("turned off")
+
+
+def test_missing_shard_is_one_root_row(sharded, tmp_path):
+    c = _copy(sharded, tmp_path / "c")
+    gone = sorted(c.glob("*.safetensors"))[2]
+    gone.unlink()
+    r = _doc(c)
+    assert [(f.check, f.where) for f in r.errors if not f.cause] == [("index", gone.name)], r.table()
+    assert len(_table_rows(r)) == 3 and r.exit_code == 1
+
+
+def _served(layouts, scheme: str):
+    """A stand-in plan: every routed expert of the checkpoint served as ``scheme``."""
+    from types import SimpleNamespace
+
+    from nvfp4stack.plan.groups import group_name
+    from nvfp4stack.schemes import Scheme
+
+    names = {group_name(n)[0] for n in ShardedReader(layouts["modelopt"]).names() if ".ffn.experts." in n}
+    return SimpleNamespace(groups=[SimpleNamespace(name=g, served=Scheme(scheme), converter=None) for g in names])
+
+
+@pytest.fixture(scope="module")
+def no_input_scales(layouts, tmp_path_factory) -> Path:
+    """The modelopt layout as a data-free convert writes it: NVFP4 experts without input_scale."""
+    return copy_with_edit(layouts["modelopt"], tmp_path_factory.mktemp("w4a16") / "c",
+                          lambda n, t: [] if n.endswith(".input_scale") else [(n, t)])
+
+
+def test_weight_only_experts_need_no_input_scale(layouts, no_input_scales):
+    r = diagnose(no_input_scales, vllm="off", plan=_served(layouts, "nvfp4_w4a16"))
+    assert r.errors == [], r.table()
+    (note,) = [n for n in r.notes if "input_scale" in n]
+    assert note.startswith("192 input_scale tensor(s) absent") and "weight-only (nvfp4_w4a16)" in note
+
+
+def test_w4a4_experts_without_input_scale_name_quantize(layouts, no_input_scales):
+    r = diagnose(no_input_scales, vllm="off", plan=_served(layouts, "nvfp4"))
+    assert {(f.check, f.where.rsplit(".", 1)[-1]) for f in r.errors} == {("missing", "input_scale")}
+    assert len(r.errors) == 192
+    assert "quantize" in r.errors[0].fix and "precision.routed_experts=nvfp4_w4a16" in r.errors[0].fix
+    rows = _table_rows(r)
+    assert len(rows) == 2 and "(x192)" in rows[1], r.table()   # header + one counted row

@@ -153,3 +153,16 @@ def test_doctor_task_exits_1_on_a_plan_disagreement(tmp_path, layers):
     assert [e["check"] for e in errors] == ["plan"]
     cfg = compose_config("recipe=tiny_cpu", f"checkpoint={ckpt}", bf16_rule(layers), f"run_dir={tmp_path / 'run2'}")
     assert doctor.run(cfg) == 0
+
+
+def test_nvfp4_tensors_without_quantization_config_are_an_error(tmp_path):
+    """What a data-free convert of the default recipe writes: NVFP4 experts, no quantization_config;
+    the doctor must not call it clean when the plan serves NVFP4 experts (serve refuses it)."""
+    ckpt = tmp_path / "ckpt"
+    write_checkpoint(ckpt, set(), None, seed=5)   # every MoE layer's experts NVFP4
+    report = findings(ckpt)
+    (f,) = report.errors
+    assert (f.check, f.where, f.found) == ("quant_config", "config.json:quantization_config", "absent")
+    assert "NVFP4 routed_experts" in f.expected and "quantize" in f.fix and report.exit_code == 1
+    # the same tensors under a BF16 plan ask for nothing
+    assert findings(ckpt, "precision=bf16").errors == []

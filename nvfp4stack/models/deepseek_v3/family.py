@@ -72,6 +72,11 @@ class DeepseekV3Family(ModelFamily):
 
         return tiny_v3_checkpoint(cfg, plan, build=build)
 
+    def quantize(self, cfg) -> int:
+        from nvfp4stack.models.deepseek_v3.quantize import run
+
+        return run(cfg)
+
     def fidelity(self, cfg, seed: int) -> dict:
         from nvfp4stack.models.deepseek_v3.fidelity import fidelity
 

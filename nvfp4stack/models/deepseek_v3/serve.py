@@ -4,8 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from nvfp4stack.engine.plan_section import EnginePlan, layers_with_scheme
-from nvfp4stack.schemes import Scheme
+from nvfp4stack.engine.plan_section import EnginePlan
 
 
 def tiny_v3_checkpoint(cfg, plan: EnginePlan, *, build: bool = True) -> Path:
@@ -15,20 +14,19 @@ def tiny_v3_checkpoint(cfg, plan: EnginePlan, *, build: bool = True) -> Path:
     modelopt, whose export lists them under ``ignore``: the checkpoint agrees with the plan. When
     the plan keeps every routed expert BF16 the BF16 build itself is served.
     """
-    from nvfp4stack.models.deepseek_v3.tiny import ROUTING_KEYS, TinyV3Spec, ensure_tiny_v3
+    from nvfp4stack.models.deepseek_v3.quantize import bf16_expert_layers, export_nvfp4
+    from nvfp4stack.models.deepseek_v3.tiny import TinyV3Spec, ensure_tiny_v3
 
     cache = Path(cfg.cache_dir).expanduser() / "tiny_v3"
     spec = TinyV3Spec()
     moe_layers = range(spec.first_k_dense_replace, spec.num_hidden_layers)
-    bf16 = [i for i in layers_with_scheme(plan, "routed_experts", Scheme.BF16, spec.num_hidden_layers)
-            if i in moe_layers]
+    bf16 = bf16_expert_layers(plan, {"num_hidden_layers": spec.num_hidden_layers,
+                                     "first_k_dense_replace": spec.first_k_dense_replace})
     if len(bf16) == len(moe_layers):
         return ensure_tiny_v3(cache, spec) if build else cache / "bf16"
     out = cache / ("nvfp4" if not bf16 else "nvfp4-bf16-layers-" + "-".join(map(str, bf16)))
     if not build:
         return out
-    from nvfp4stack.quantize.modelopt_ptq import quantize_and_export
-
     src = ensure_tiny_v3(cache, spec)
     stamp = out / "nvfp4stack_source.json"
     want = json.dumps({"spec": (src / "nvfp4stack_spec.json").read_text(),
@@ -38,8 +36,6 @@ def tiny_v3_checkpoint(cfg, plan: EnginePlan, *, build: bool = True) -> Path:
     if not (stamp.exists() and stamp.read_text() == want):
         keep = f" (layers {bf16} kept BF16 as planned)" if bf16 else ""
         print(f"[serve] quantizing routed experts of {src} to NVFP4 with modelopt{keep} -> {out}", flush=True)
-        quantize_and_export(src, out, "NVFP4_EXPERTS_ONLY_CFG", num_samples=cfg.quantize.calib_samples,
-                            max_len=cfg.quantize.calib_seq_len, seed=cfg.quantize.seed, keep_config_keys=tuple(ROUTING_KEYS),
-                            disable=tuple(f"*layers.{i}.mlp.experts*" for i in bf16))
+        export_nvfp4(cfg, src, out, bf16)
         stamp.write_text(want)
     return out

@@ -162,9 +162,32 @@ def apply_fixups(cfg: dict, names: Iterable[str] = SERVE_FIXUPS) -> dict:
     return cfg
 
 
-def served_config(src_config: dict, targets: set) -> dict:
+# Roles vLLM's DeepSeek-V4 builds as plain linear layers with the checkpoint's FP8 config (the others:
+# routed experts are a FusedMoE, compressor / indexer.weights_proj / gate get quant_config=None, embed
+# and head are no LinearBase).
+FP8_CONFIG_LINEAR_ROLES = frozenset({"attn.wq_a", "attn.wq_b", "attn.wkv", "attn.wo_a", "attn.wo_b",
+                                     "shared_experts", "indexer.wq_b", "mtp.proj"})
+
+
+def ignore_bf16_linears(cfg: dict, modules) -> dict:
+    """List BF16-stored linear ``modules`` (native names) in ``quantization_config.ignored_layers``.
+
+    vLLM's DeepseekV4FP8Config (an Fp8Config) builds every linear layer as FP8 block unless its
+    prefix is ignored (vLLM maps the native names to its own with the model's weight mapper): a
+    BF16 tensor would be cast into a float8_e4m3fn parameter and its scale left unset."""
+    out = copy.deepcopy(cfg)
+    q = out.get("quantization_config")
+    modules = sorted(set(modules))
+    if not modules or not isinstance(q, dict) or q.get("quant_method") not in ("fp8", "deepseek_v4_fp8"):
+        return out
+    out["quantization_config"] = {**q, "ignored_layers": sorted(set(q.get("ignored_layers") or []) | set(modules))}
+    return out
+
+
+def served_config(src_config: dict, targets: set, bf16_linears=()) -> dict:
     """config.json of a converted checkpoint: SERVE_FIXUPS, plus the quantization declarations the
-    plan's ``targets`` ({(role, Scheme)} converted to) need."""
+    plan's ``targets`` ({(role, Scheme)} converted to) need; ``bf16_linears``: linear modules the
+    checkpoint stores BF16 (listed as ignored by the FP8 config)."""
     from nvfp4stack.schemes import Scheme
 
     fixups = list(SERVE_FIXUPS)
@@ -172,4 +195,4 @@ def served_config(src_config: dict, targets: set) -> dict:
         fixups.append("fp8_block_ue8m0")
     if any(r == "routed_experts" and t.is_nvfp4 for r, t in targets):
         fixups.append("moe_nvfp4")
-    return apply_fixups(src_config, fixups)
+    return ignore_bf16_linears(apply_fixups(src_config, fixups), bf16_linears)

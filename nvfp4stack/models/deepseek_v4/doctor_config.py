@@ -4,9 +4,14 @@ from __future__ import annotations
 from nvfp4stack.doctor.report import DoctorReport
 from nvfp4stack.schemes import Scheme
 
+# Every hf_config field vLLM's DeepSeek-V4 model reads with no default in its own DeepseekV4Config
+# (vllm/transformers_utils/configs/deepseek_v4.py): absent, vLLM stops at an AttributeError
+# ("'DeepseekV4Config' object has no attribute 'hidden_act'"). compress_ratios has its own check.
 REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim", "q_lora_rank", "o_groups",
-            "o_lora_rank", "n_routed_experts", "moe_intermediate_size", "num_experts_per_tok", "vocab_size",
-            "hc_mult", "num_hash_layers", "index_n_heads", "index_head_dim", "index_topk", "qk_rope_head_dim")
+            "o_lora_rank", "n_routed_experts", "n_shared_experts", "moe_intermediate_size", "num_experts_per_tok",
+            "vocab_size", "hc_mult", "hc_eps", "hc_sinkhorn_iters", "num_hash_layers", "index_n_heads",
+            "index_head_dim", "index_topk", "qk_rope_head_dim", "hidden_act", "rms_norm_eps", "norm_topk_prob",
+            "swiglu_limit", "sliding_window", "compress_rope_theta", "num_nextn_predict_layers")
 # Values vLLM's DeepSeek-V4 asserts (attention.py / compressor.py) or needs to load (CONTEXT.md 3, 5b).
 FIXED = {"head_dim": 512, "qk_rope_head_dim": 64, "index_head_dim": 128}
 RATIOS = (0, 4, 128)

@@ -13,6 +13,7 @@ from nvfp4stack.doctor.files import by_group, sniff
 from nvfp4stack.doctor.report import DoctorReport
 from nvfp4stack.checkpoint.safetensors_io import TensorInfo
 from nvfp4stack.models.deepseek_v4.spec import TensorGroup, dsv4_tensor_groups
+from nvfp4stack.plan.groups import group_name
 from nvfp4stack.schemes import Scheme
 
 FP8_BLOCK = 128
@@ -51,6 +52,14 @@ def _from_config(sufs: dict[str, TensorInfo], config: dict) -> Scheme:
     return Scheme.BF16
 
 
+def _missing_fix(suffix: str, served: str | None) -> str:
+    if suffix == "input_scale" and served == Scheme.NVFP4.value:
+        return ("the recipe's plan serves these experts W4A4 (nvfp4), which needs calibrated activation scales, "
+                "and a data-free convert has none: run 'python main.py recipe=... quantize' (calibrates), or serve "
+                "them weight-only (precision.routed_experts=nvfp4_w4a16)")
+    return "re-export or re-convert the checkpoint; vLLM would leave this parameter unset"
+
+
 def _stored_name(group: str, suffix: str) -> str:
     return f"{group}.{suffix}" if suffix else group
 
@@ -77,8 +86,14 @@ def check_structure(config: dict, tensors: dict[str, TensorInfo], report: Doctor
                 votes[(tg.role, tg.mtp)][sniffed[g]] += 1
     schemes: dict[str, Scheme] = {}
     n_missing = 0
+    unused_input_scales: list[str] = []
+    lost_in = {}   # group -> the broken shard that lost some of its tensors
+    for n, cause in report.lost.items():
+        lost_in.setdefault(group_name(n)[0], cause)
     for g, tg in spec.items():
         scheme = None
+        if g in lost_in:  # with some of its tensors lost, its format and extras are guesses: follow-ons
+            report.lose([g, *(_stored_name(g, suf) for suf in present.get(g, {}))], lost_in[g])
         if tg.is_matrix:
             # a role whose every group lost its scales (one lost shard) follows the same role outside/inside MTP
             majority = votes[(tg.role, tg.mtp)].most_common(1) or votes[(tg.role, not tg.mtp)].most_common(1)
@@ -93,10 +108,14 @@ def check_structure(config: dict, tensors: dict[str, TensorInfo], report: Doctor
             name = _stored_name(g, suf)
             info = have.get(suf)
             if info is None:
+                served = report.served.get(g)
+                if suf == "input_scale" and served == Scheme.NVFP4_W4A16.value:
+                    unused_input_scales.append(name)
+                    continue
                 n_missing += 1
                 fmt = f" ({scheme.value} group)" if scheme else ""
                 report.error("missing", name, "absent", f"{'/'.join(sorted(dtypes))} {list(shape)}{fmt}",
-                             "re-export or re-convert the checkpoint; vLLM would leave this parameter unset")
+                             _missing_fix(suf, served))
                 continue
             if info.dtype not in dtypes:
                 what = "scale dtype" if "scale" in suf else "dtype"
@@ -115,6 +134,10 @@ def check_structure(config: dict, tensors: dict[str, TensorInfo], report: Doctor
             report.error("extra", _stored_name(g, suf), f"{info.dtype} {list(info.shape)}",
                          "a DeepSeek-V4 native tensor name (vLLM's loader raises KeyError on unknown names)",
                          "rename it to its native name or remove it; it is reported, never silently dropped")
+    if unused_input_scales:
+        report.note(f"{len(unused_input_scales)} input_scale tensor(s) absent (e.g. {unused_input_scales[0]}), as "
+                    "expected: the recipe's plan serves these experts weight-only (nvfp4_w4a16); vLLM creates the "
+                    "parameter, weight-only kernels never read it")
     report.stats["expected_groups"] = len(spec)
     report.stats["missing_tensors"] = n_missing
     return schemes

@@ -115,7 +115,12 @@ class DeepseekV4Family(ModelFamily):
     def served_config(self, src_config: dict, groups: list) -> dict | None:
         from nvfp4stack.models.deepseek_v4.config_fixups import served_config
 
-        return served_config(src_config, {(g.role, g.target) for g in groups if g.converter})
+        from nvfp4stack.models.deepseek_v4.config_fixups import FP8_CONFIG_LINEAR_ROLES
+        from nvfp4stack.schemes import Scheme
+
+        stored = {g.name: g.source if g.target is Scheme.PASSTHROUGH else g.target for g in groups}
+        bf16 = [g.name for g in groups if g.role in FP8_CONFIG_LINEAR_ROLES and stored[g.name] is Scheme.BF16]
+        return served_config(src_config, {(g.role, g.target) for g in groups if g.converter}, bf16)
 
     def check_checkpoint(self, config: dict, tensors: dict, report) -> bool:
         from nvfp4stack.models.deepseek_v4.doctor import check_checkpoint

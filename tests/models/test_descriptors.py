@@ -1,0 +1,65 @@
+"""The shipped DeepSeek-V4 descriptors are config.json files both configs read: transformers'
+DeepseekV4Config (AutoConfig) and vLLM's own, with every field vLLM's DeepSeek-V4 model reads."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from nvfp4stack.doctor.report import DoctorReport
+from nvfp4stack.models.deepseek_v4.doctor_config import REQUIRED, check_config
+from nvfp4stack.models.resolve import DESCRIPTORS
+
+DSV4 = sorted(p for p in DESCRIPTORS.glob("*.json") if json.loads(p.read_text()).get("model_type") == "deepseek_v4")
+_TYPES = {0: "sliding_attention", 4: "compressed_sparse_attention", 128: "heavily_compressed_attention"}
+
+
+def test_the_dsv4_descriptors_are_found():
+    assert {p.stem for p in DSV4} >= {"dsv4_flash", "dsv4_pro"}
+
+
+@pytest.fixture(params=DSV4, ids=lambda p: p.stem)
+def model_dir(request, tmp_path) -> Path:
+    shutil.copy(request.param, tmp_path / "config.json")
+    return tmp_path
+
+
+def test_transformers_reads_it(model_dir):
+    from transformers import AutoConfig
+
+    raw = json.loads((model_dir / "config.json").read_text())
+    c = AutoConfig.from_pretrained(model_dir)
+    assert type(c).__name__ == "DeepseekV4Config"
+    for k in ("hidden_size", "num_hidden_layers", "n_routed_experts", "moe_intermediate_size", "hidden_act"):
+        assert getattr(c, k) == raw[k], k
+    # transformers folds the legacy fields vLLM reads into its own: the same schedule
+    assert c.layer_types == [_TYPES[r] for r in raw["compress_ratios"][: raw["num_hidden_layers"]]]
+    assert c.mlp_layer_types[: raw["num_hash_layers"] + 1] == ["hash_moe"] * raw["num_hash_layers"] + ["moe"]
+    assert c.qk_rope_head_dim == raw["qk_rope_head_dim"]
+    # and saves a file it reads back the same
+    c.save_pretrained(model_dir / "saved")
+    again = AutoConfig.from_pretrained(model_dir / "saved")
+    assert again.layer_types == c.layer_types and again.hidden_act == c.hidden_act
+
+
+def test_vllm_reads_every_field_its_dsv4_uses(model_dir):
+    pytest.importorskip("vllm")
+    from vllm.transformers_utils.config import get_config
+
+    c = get_config(str(model_dir), trust_remote_code=False)
+    assert type(c).__module__ == "vllm.transformers_utils.configs.deepseek_v4"
+    missing = [k for k in (*REQUIRED, "compress_ratios", "rope_parameters") if getattr(c, k, None) is None]
+    assert missing == []
+    assert c.hidden_act == "silu" and c.tie_word_embeddings is False
+    assert c.rope_parameters["rope_type"] == "yarn" and c.rope_parameters["factor"] == 16
+
+
+def test_doctor_config_check_passes(model_dir):
+    report = DoctorReport("descriptor")
+    cfg = json.loads((model_dir / "config.json").read_text())
+    check_config(cfg, None, set(), report)
+    assert report.errors == [], [f.line() for f in report.errors]
+    check_config({k: v for k, v in cfg.items() if k != "hidden_act"}, None, set(), report)
+    assert [(f.check, f.where, f.found) for f in report.errors] == [("config", "config.json:hidden_act", "absent")]

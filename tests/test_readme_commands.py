@@ -141,7 +141,7 @@ def _run_until_ready(argv: list[str], cwd: Path, timeout_s: float = 600) -> str:
             rest, _ = proc.communicate()
     out = "".join(lines) + (rest or "")
     assert ready, f"{shlex.join(argv)}: no 'engine ready' line within {timeout_s} s; output ends:\n{out[-3000:]}"
-    assert proc.returncode == 0, f"{shlex.join(argv)}: exit {proc.returncode} after Ctrl-C:\n{out[-3000:]}"
+    assert proc.returncode == 130, f"{shlex.join(argv)}: exit {proc.returncode} after Ctrl-C (expected 130):\n{out[-3000:]}"
     return out
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -15,6 +16,8 @@ def tokenizer_modes() -> tuple[str, ...]:
 
     return (*TOKENIZER_MODES, *(m for f in families() for m in f.vllm_tokenizer_modes))
 DTYPES = ("auto", "bfloat16", "float16", "float32")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+VLLM_KEY_ENV = "VLLM_API_KEY"     # vLLM's OpenAI server reads its API key from here (or --api-key)
 
 
 def _bad(key: str, expected: str, found: Any, fix: str) -> ValueError:
@@ -62,6 +65,10 @@ class EngineConfig:
     port: int = 8000
     extra_args: list[str] = field(default_factory=list)  # appended verbatim to the server CLI
     env: dict[str, str] = field(default_factory=dict)    # extra env vars for the server process
+    # The NAME of an environment variable holding the API key clients must send; serve hands it to
+    # vLLM as VLLM_API_KEY in the child's environment, so it never reaches argv or a recorded file.
+    api_key_env: Optional[str] = None
+    allow_overcommit: bool = False    # serve even when plan finds NOTHING FITS beside the weights
     dry_run: bool = False             # print the exact command line and exit
     ready_timeout_s: float = 600.0    # health-check budget for engine start
 
@@ -113,3 +120,23 @@ class EngineConfig:
                            """e.g. engine.compilation_config='{"custom_ops":["all","-rotary_embedding"]}'""")
         if not all(isinstance(a, str) for a in self.extra_args):
             raise _bad("extra_args", "a list of strings", self.extra_args, "quote each argument")
+        self._check_api_key_settings()
+
+    def _check_api_key_settings(self) -> None:
+        """The key travels only through the environment: never as a flag (argv, serve_command.sh,
+        config.yaml, cli.log, .hydra/) nor as a config value. The values are not echoed: they may
+        be the key itself."""
+        fix = "export the key in an environment variable and set engine.api_key_env=<its NAME>"
+        # vLLM's parser reads --api_key as --api-key
+        if any(a.split("=", 1)[0].replace("_", "-") == "--api-key" for a in self.extra_args):
+            raise ValueError("engine.extra_args: expected no --api-key, found one (not shown); as an argument the "
+                             "key lands in the process list, serve_command.sh, config.yaml, cli.log and .hydra/. "
+                             f"Fix: remove it, {fix}")
+        if VLLM_KEY_ENV in self.env:
+            raise ValueError(f"engine.env: expected no {VLLM_KEY_ENV}, found one (not shown); as a config value "
+                             f"the key lands in config.yaml, cli.log and .hydra/. Fix: remove it, {fix}")
+        if self.api_key_env is not None and not (isinstance(self.api_key_env, str)
+                                                 and ENV_NAME.fullmatch(self.api_key_env)):
+            raise ValueError("engine.api_key_env: expected the NAME of an environment variable ([A-Za-z_][A-Za-z0-9_]*, "
+                             "e.g. NVFP4STACK_API_KEY), found a value that is not one (not shown: it may be the key "
+                             f"itself). Fix: {fix}, or engine.api_key_env=null to serve without a key")

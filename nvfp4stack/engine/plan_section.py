@@ -208,13 +208,14 @@ def _key(entry: dict) -> tuple:
     return tuple(sorted(entry.items()))
 
 
-def engine_plan_for(cfg) -> EnginePlan:
+def engine_plan_for(cfg, planned=None) -> EnginePlan:
     """The engine plan of a recipe: the planner's own ``Plan`` (precision rules, hard rules, backend
     validation) over the model's tensor groups (its checkpoint, else its descriptor), so ``plan``
-    and ``serve`` accept and refuse the same things."""
+    and ``serve`` accept and refuse the same things. ``planned``: that ``Plan``, when the caller
+    has it already (``plan_for_config(cfg)``)."""
     from nvfp4stack.plan.build import plan_for_config
 
-    return engine_plan_from_plan(plan_for_config(cfg), fp8_prefill=cfg.backend.moe_fp8_prefill,
+    return engine_plan_from_plan(plan_for_config(cfg) if planned is None else planned, fp8_prefill=cfg.backend.moe_fp8_prefill,
                                  mtp_draft=cfg.engine.speculative.method == "mtp")
 
 

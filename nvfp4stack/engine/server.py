@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -36,9 +38,10 @@ def launch(argv: list[str], log_path: Path, env: dict[str, str] | None = None) -
                                 env=full_env, start_new_session=True)
 
 
-def _get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
+def _get(url: str, timeout: float = 5.0, api_key: str | None = None) -> tuple[int, bytes]:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout) as r:
             return r.status, r.read()
     except urllib.error.HTTPError as e:
         return e.code, b""
@@ -46,19 +49,20 @@ def _get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
         return 0, b""
 
 
-def served_models(base_url: str, timeout: float = 5.0) -> list[str]:
-    """The model ids the server lists once /health and /v1/models both answer; [] before that."""
+def served_models(base_url: str, timeout: float = 5.0, api_key: str | None = None) -> list[str]:
+    """The model ids the server lists once /health and /v1/models both answer; [] before that.
+    ``api_key``: the server's key (vLLM guards /v1 with it, not /health)."""
     root = base_url.rstrip("/").removesuffix("/v1")
     status, _ = _get(f"{root}/health", timeout)
     if status == 200:
-        status, body = _get(f"{root}/v1/models", timeout)
+        status, body = _get(f"{root}/v1/models", timeout, api_key)
         if status == 200:
             return [m["id"] for m in json.loads(body)["data"]]
     return []
 
 
 def wait_ready(proc: subprocess.Popen, base_url: str, timeout_s: float, log_path: Path,
-               progress_every_s: float = 10.0) -> list[str]:
+               progress_every_s: float = 10.0, api_key: str | None = None) -> list[str]:
     """Poll /health then /v1/models until the model is listed; returns the served model ids.
 
     Raises ServerError (with the log tail) when the process exits or ``timeout_s`` passes.
@@ -76,7 +80,7 @@ def wait_ready(proc: subprocess.Popen, base_url: str, timeout_s: float, log_path
         if proc.poll() is not None:
             raise ServerError(f"vLLM server exited with code {proc.returncode} before it was ready. "
                               f"Log {log_path}, last lines:\n{log_tail(log_path)}")
-        models = served_models(base_url)
+        models = served_models(base_url, api_key=api_key)
         if models:
             return models
         time.sleep(1.0)
@@ -136,16 +140,26 @@ def shutdown(proc: subprocess.Popen, grace_s: float = 30.0) -> list[int]:
     return [p.pid for p in alive()]
 
 
-def ready_message(base_url: str, model_id: str) -> str:
-    """Ready-to-paste curl and Python examples for the running server."""
+def ready_message(base_url: str, model_id: str, key_env: str | None = None, python: str = sys.executable) -> str:
+    """Ready-to-paste curl and Python examples for the running server.
+
+    ``key_env``: the environment variable holding the server's API key; the examples read it from
+    there (the key itself is never printed). ``python``: the interpreter that has ``openai`` (this
+    one: the venv's), since a bare ``python`` outside the venv has not.
+    """
     body = json.dumps({"model": model_id, "messages": [{"role": "user", "content": "Hello!"}],
                        "max_tokens": 32})
+    auth = f' -H "Authorization: Bearer ${key_env}"' if key_env else ""
+    key = f"os.environ[{key_env!r}]" if key_env else "'EMPTY'"
+    note = (f"The server requires the API key in ${key_env}: export it in the shell you run these in.\n\n"
+            if key_env else "")
     return (
-        f"\nvLLM OpenAI server ready at {base_url} (model {model_id!r}). Try:\n\n"
-        f"curl {base_url}/chat/completions -H 'Content-Type: application/json' \\\n  -d '{body}'\n\n"
-        "python - <<'EOF'\n"
-        "from openai import OpenAI\n"
-        f"client = OpenAI(base_url={base_url!r}, api_key='EMPTY')\n"
+        f"\nvLLM OpenAI server ready at {base_url} (model {model_id!r}). Try:\n\n{note}"
+        f"curl {base_url}/chat/completions -H 'Content-Type: application/json'{auth} \\\n  -d '{body}'\n\n"
+        f"{shlex.quote(python)} - <<'EOF'\n"
+        + ("import os\n" if key_env else "")
+        + "from openai import OpenAI\n"
+        f"client = OpenAI(base_url={base_url!r}, api_key={key})\n"
         f"r = client.chat.completions.create(model={model_id!r}, max_tokens=32,\n"
         "    messages=[{'role': 'user', 'content': 'Hello!'}])\n"
         "print(r.choices[0].message.content)\n"

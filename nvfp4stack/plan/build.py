@@ -5,6 +5,7 @@ from nvfp4stack.arch import Arch, resolve
 from nvfp4stack.models.registry import get_family
 from nvfp4stack.models.resolve import config_json_path, header_dir, with_num_layers
 from nvfp4stack.plan.groups import groups_from_checkpoint, load_config_json
+from nvfp4stack.plan.kv_cache import kv_cache_report
 from nvfp4stack.plan.memory import Layout
 from nvfp4stack.plan.planner import Plan, build_plan
 
@@ -39,3 +40,10 @@ def plan_for_config(cfg, arch: Arch | None = None, backend=None) -> Plan:
         layout=layout_of(cfg.engine), fp8_ue8m0=cfg.precision.fp8_scale_fmt == "ue8m0",
         num_hidden_layers=hf.get("num_hidden_layers"),
     )
+
+
+def kv_cache_for_config(cfg, plan: Plan) -> dict | None:
+    """The KV cache that fits beside ``plan``'s per-GPU weights (``kv_cache_report``): ``plan``
+    prints it, and ``plan`` and ``serve`` refuse a layout where nothing fits (``nothing_fits``)."""
+    hf = load_config_json(config_json_path(cfg.model, cfg.cache_dir))
+    return kv_cache_report(hf, cfg.engine, cfg.arch, plan.gpu_bytes, get_family(cfg.model.family))

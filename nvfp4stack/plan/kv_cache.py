@@ -107,6 +107,16 @@ def kv_cache_report(hf_config: dict, engine_cfg, arch_cfg, weight_bytes_per_gpu:
     return out
 
 
+def nothing_fits(d: dict | None) -> str | None:
+    """Why nothing fits beside the weights on a GPU of known size (``plan`` exits 1, ``serve``
+    refuses), in one line; None when the KV cache fits or no GPU size is given."""
+    if not d or d["kv_budget_bytes"] is None or d["max_kv_tokens"] is not None:
+        return None
+    return (f"NOTHING FITS on this layout: the weights leave no room for KV cache "
+            f"({d['weight_bytes_per_gpu'] / GB:,.2f} GB of weights per GPU, budget {d['gpu_memory_bytes'] / GB:,.1f} GB "
+            f"x {d['gpu_memory_utilization']:.2f}); add GPUs (engine.tp/ep) or shrink the weights (precision.*)")
+
+
 def format_kv_report(d: dict) -> str:
     """The KV section of ``plan``'s printout."""
     lines = [f"KV cache per GPU ({d['kv_cache_dtype']} -> stored as {d['stored_as']}, block {d['block_size'] or 'default'})"]

@@ -10,10 +10,8 @@ from nvfp4stack.engine.plan_section import engine_plan_from_plan
 from nvfp4stack.kernels.select import BackendError
 from nvfp4stack.models.family import TensorGroup
 from nvfp4stack.models.registry import get_family
-from nvfp4stack.models.resolve import config_json_path
-from nvfp4stack.plan.build import plan_for_config
-from nvfp4stack.plan.groups import load_config_json
-from nvfp4stack.plan.kv_cache import format_kv_report, kv_cache_report
+from nvfp4stack.plan.build import kv_cache_for_config, plan_for_config
+from nvfp4stack.plan.kv_cache import format_kv_report, nothing_fits
 from nvfp4stack.plan.planner import Plan, check_backend, write_plan
 from nvfp4stack.schemes import Scheme
 
@@ -116,8 +114,7 @@ def run(cfg) -> int:
     if cfg.backend.moe_fp8_prefill:
         print("backend.moe_fp8_prefill=true: the routed experts' FP8 prefill copy (+1 byte/weight, built at load) "
               "is included in the per-GPU bytes")
-    hf = load_config_json(config_json_path(cfg.model, cfg.cache_dir))
-    plan.kv_cache = kv_cache_report(hf, cfg.engine, cfg.arch, plan.gpu_bytes, get_family(cfg.model.family))
+    plan.kv_cache = kv_cache_for_config(cfg, plan)
     if plan.kv_cache is not None:
         print(format_kv_report(plan.kv_cache))
     path = write_plan(plan, cfg.run_dir, engine=engine.to_dict())
@@ -126,7 +123,8 @@ def run(cfg) -> int:
     print(json.dumps({"backend_checks": checks}, indent=None))
     if refusal is not None:
         raise refusal
-    if plan.kv_cache and plan.kv_cache.get("kv_budget_bytes") is not None and plan.kv_cache.get("max_kv_tokens") is None:
-        print("plan: NOTHING FITS on this layout (exit 1): the weights leave no room for KV cache", file=sys.stderr)
+    too_big = nothing_fits(plan.kv_cache)
+    if too_big:
+        print(f"plan: {too_big}", file=sys.stderr)
         return 1
     return 0

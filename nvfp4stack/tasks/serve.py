@@ -3,10 +3,14 @@
 The embedded default (recipe tiny_cpu) builds its family's tiny model on first use, quantizes
 its routed experts to NVFP4 with modelopt (``ModelFamily.serve_checkpoint``), and serves it
 through the plugin's torch_emulation MoE path. ``engine.dry_run=true`` prints the exact command line and exits.
+
+Exit codes as README "Exit codes": 130 when Ctrl-C (or SIGTERM) stops it, before or after ready; 1
+when the plan finds NOTHING FITS (as ``plan``) or the server fails; 2 for a config error.
 """
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import os
 import signal
@@ -15,8 +19,12 @@ import threading
 import time
 from pathlib import Path
 
+from nvfp4stack.cli import EXIT_INTERRUPTED, EXIT_PROBLEMS
 from nvfp4stack.engine.args import SYNTHETIC, format_cli, server_argv
+from nvfp4stack.engine.config import VLLM_KEY_ENV
 from nvfp4stack.engine.plan_section import SECTION_KEY, EnginePlan, engine_plan_for
+from nvfp4stack.plan.build import kv_cache_for_config, plan_for_config
+from nvfp4stack.plan.kv_cache import nothing_fits
 from nvfp4stack.plan.preflight import host_mismatch
 
 # vLLM on CPU reserves this much KV cache by default (4 GiB); the tiny model needs far less and
@@ -41,9 +49,40 @@ def cpu_thread_binding(workers: int, cpus: list[int]) -> str:
     return "|".join(",".join(map(str, cpus[i * per:(i + 1) * per])) for i in range(workers))
 
 
-def server_env(cfg) -> dict[str, str]:
+def api_key(engine) -> tuple[str | None, str | None]:
+    """(name of the environment variable holding the server's API key, the key), or (None, None)
+    when the server takes requests without one.
+
+    ``engine.api_key_env`` names the variable. Without it, a VLLM_API_KEY already in this
+    environment still reaches vLLM (the child inherits it), so serve knows the server needs it.
+    """
+    name = engine.api_key_env
+    if name is None:
+        key = os.environ.get(VLLM_KEY_ENV)
+        return (VLLM_KEY_ENV, key) if key else (None, None)
+    key = os.environ.get(name, "")
+    if not key.strip():
+        raise ValueError(
+            f"engine.api_key_env={name}: expected the API key in environment variable {name}, found it "
+            f"{'empty' if name in os.environ else 'unset'}. Fix: export {name}=<key> (e.g. export {name}=$(openssl "
+            "rand -hex 24)) in the shell that runs serve, or engine.api_key_env=null to serve without a key")
+    return name, key
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` takes connections from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False   # a host name: it may resolve to any interface
+
+
+def server_env(cfg, key: str | None = None) -> dict[str, str]:
     """Environment the server starts with: on CPU the KV-cache default and, for several workers
-    (tensor/data parallel) with no binding of the user's, one core group per worker; then ``engine.env``."""
+    (tensor/data parallel) with no binding of the user's, one core group per worker; then ``engine.env``;
+    then the API key (``key``) as VLLM_API_KEY, which vLLM's OpenAI server reads."""
     env: dict[str, str] = {}
     workers = cfg.engine.tp * cfg.engine.dp
     if cfg.arch.name == "cpu":
@@ -53,6 +92,8 @@ def server_env(cfg) -> dict[str, str]:
             print(f"[serve] {workers} CPU workers: {BIND_KEY}={env[BIND_KEY]} (set engine.env.{BIND_KEY} to "
                   "choose)", flush=True)
     env.update(cfg.engine.env)
+    if key:
+        env[VLLM_KEY_ENV] = key
     return env
 
 
@@ -116,18 +157,19 @@ def serving(cfg, *, log_name: str = "vllm_server.log"):
     from nvfp4stack.engine import server
 
     engine = cfg.engine
+    _, key = api_key(engine)
     plan = engine_plan_for(cfg)
     ckpt = resolve_checkpoint(cfg, plan, build=True)
     argv = build_argv(cfg, plan, ckpt)
     if plan.needs_plugin() or engine.load_format == SYNTHETIC:
         check_plugin_installed()
-    env = server_env(cfg)
+    env = server_env(cfg, key)
     log_path = Path(cfg.run_dir) / log_name
     base_url = f"http://{engine.host}:{engine.port}/v1"
     t0 = time.monotonic()
     proc = server.launch(argv, log_path, env)
     try:
-        models = server.wait_ready(proc, base_url, engine.ready_timeout_s, log_path)
+        models = server.wait_ready(proc, base_url, engine.ready_timeout_s, log_path, api_key=key)
         yield base_url, models[0], time.monotonic() - t0, argv, ckpt
     finally:
         left = server.shutdown(proc)
@@ -143,9 +185,21 @@ def run(cfg) -> int:
     if mismatch:
         print(f"nvfp4stack serve: {mismatch}", file=sys.stderr)
         return 2
+    key_env, key = api_key(engine)   # a named variable that is unset: ValueError, exit 2
+    if not key and not is_loopback(engine.host):
+        print(f"[serve] WARNING: engine.host={engine.host} takes connections from other machines and the server "
+              "asks them for no API key; set engine.api_key_env=NAME (an environment variable holding a key), "
+              "or engine.host=127.0.0.1", file=sys.stderr, flush=True)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    plan = engine_plan_for(cfg)   # the planner's decisions; raises PlanError/BackendError like `plan`
+    planned = plan_for_config(cfg)   # the planner's decisions; raises PlanError/BackendError like `plan`
+    plan = engine_plan_for(cfg, planned)
+    too_big = nothing_fits(kv_cache_for_config(cfg, planned))   # `plan`'s exit-1 finding
+    if too_big and not engine.allow_overcommit:
+        print(f"serve: {too_big}; or set engine.allow_overcommit=true to serve anyway", file=sys.stderr)
+        return EXIT_PROBLEMS
+    if too_big:
+        print(f"[serve] WARNING: {too_big}; serving anyway (engine.allow_overcommit=true)", file=sys.stderr)
     ckpt = resolve_checkpoint(cfg, plan, build=not engine.dry_run)
     argv = build_argv(cfg, plan, ckpt)
     if (plan.needs_plugin() or engine.load_format == SYNTHETIC) and not engine.dry_run:
@@ -157,7 +211,7 @@ def run(cfg) -> int:
         print(cli)
         return 0
 
-    env = server_env(cfg)
+    env = server_env(cfg, key)
     log_path = run_dir / "vllm_server.log"
     base_url = f"http://{engine.host}:{engine.port}/v1"
     print(f"[serve] {cli}\n[serve] log: {log_path}", flush=True)
@@ -167,18 +221,18 @@ def run(cfg) -> int:
     stop = StopFlag()
     old = {s: signal.signal(s, stop.set) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        models = _wait_ready_or_stop(server, proc, base_url, engine.ready_timeout_s, log_path, stop)
+        models = _wait_ready_or_stop(server, proc, base_url, engine.ready_timeout_s, log_path, stop, key)
         if models is None:
-            return 130
+            return EXIT_INTERRUPTED
         print(f"[serve] engine ready in {time.monotonic() - t0:.1f} s", flush=True)
-        print(server.ready_message(base_url, models[0]), flush=True)
+        print(server.ready_message(base_url, models[0], key_env), flush=True)
         while not stop.is_set():
             if proc.poll() is not None:
                 print(f"[serve] server exited with code {proc.returncode}; log tail:\n"
                       f"{server.log_tail(log_path)}", file=sys.stderr)
                 return proc.returncode or 1
             stop.wait(1.0)
-        return 0
+        return EXIT_INTERRUPTED   # README "Exit codes": Ctrl-C is 130, before and after ready alike
     except server.ServerError as e:
         print(f"[serve] {e}", file=sys.stderr)
         return 1
@@ -186,7 +240,12 @@ def run(cfg) -> int:
         left = server.shutdown(proc)
         for s, h in old.items():
             signal.signal(s, h)
-        print("[serve] stopped" + (f"; processes still alive: {left}" if left else ""), flush=True)
+        still = f"; processes still alive: {left}" if left else ""
+        if stop.is_set():
+            print(f"nvfp4stack serve: interrupted ({stop.name()}): server and its processes stopped{still}",
+                  file=sys.stderr, flush=True)
+        else:
+            print(f"[serve] stopped{still}", flush=True)
 
 
 class StopFlag:
@@ -199,9 +258,15 @@ class StopFlag:
 
     def __init__(self) -> None:
         self.hit = False
+        self.signum: int | None = None
 
-    def set(self, *_signal_args) -> None:
+    def set(self, signum=None, _frame=None) -> None:
         self.hit = True
+        self.signum = signum
+
+    def name(self) -> str:
+        """What stopped it, for the one line serve prints."""
+        return "Ctrl-C" if self.signum in (None, signal.SIGINT) else signal.Signals(self.signum).name
 
     def is_set(self) -> bool:
         return self.hit
@@ -214,17 +279,13 @@ class StopFlag:
         return self.hit
 
 
-def _wait_ready_or_stop(server, proc, base_url, timeout_s, log_path, stop):
-    """wait_ready, but a Ctrl-C during engine start returns None instead of waiting it out.
-
-    A Ctrl-C that lands between two readiness polls of a server that already answers (a client saw
-    it ready first) is a stop of a serving server: the listed models are returned, and run() exits 0.
-    """
+def _wait_ready_or_stop(server, proc, base_url, timeout_s, log_path, stop, api_key=None):
+    """wait_ready, but a Ctrl-C during engine start returns None instead of waiting it out."""
     result: dict = {}
 
     def target():
         try:
-            result["models"] = server.wait_ready(proc, base_url, timeout_s, log_path)
+            result["models"] = server.wait_ready(proc, base_url, timeout_s, log_path, api_key=api_key)
         except server.ServerError as e:
             result["error"] = e
 
@@ -232,7 +293,7 @@ def _wait_ready_or_stop(server, proc, base_url, timeout_s, log_path, stop):
     t.start()
     while t.is_alive():
         if stop.is_set():
-            return server.served_models(base_url, timeout=2.0) or None
+            return None
         t.join(0.5)
     if "error" in result:
         raise result["error"]

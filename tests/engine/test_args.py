@@ -134,6 +134,28 @@ def test_engine_config_validation_names_the_key(bad, match):
         EngineConfig(**bad)
 
 
+@pytest.mark.parametrize("bad,first_words", [
+    (dict(extra_args=["--seed", "7", "--api-key", "sk-live-42"]), "engine.extra_args: expected no --api-key, found one"),
+    (dict(extra_args=["--api_key=sk-live-42"]), "engine.extra_args: expected no --api-key, found one"),
+    (dict(env={"VLLM_API_KEY": "sk-live-42"}), "engine.env: expected no VLLM_API_KEY, found one"),
+    (dict(api_key_env="sk-live-42"), "engine.api_key_env: expected the NAME of an environment variable"),
+])
+def test_api_key_as_a_value_is_refused_without_echoing_it(bad, first_words):
+    """The key only travels through the environment (engine.api_key_env names the variable): as a flag
+    or a config value it would land in argv and the run's recorded files. The value may be the key."""
+    with pytest.raises(ValueError) as e:
+        EngineConfig(**bad)
+    msg = str(e.value)
+    assert msg.startswith(first_words) and "engine.api_key_env" in msg and "\n" not in msg
+    assert "sk-live-42" not in msg
+
+
+def test_api_key_env_takes_a_variable_name_and_never_reaches_argv():
+    e = EngineConfig(api_key_env="MY_SERVE_KEY", extra_args=["--api-key-file-is-not-a-flag"])
+    args = engine_cli_args(e, model="m", served_name="s", plan=EnginePlan({}))
+    assert "MY_SERVE_KEY" not in " ".join(args) and "--api-key" not in args
+
+
 def test_vllm_moe_backend_mapping():
     assert vllm_moe_backend(EnginePlan({"routed_experts": {"scheme": "nvfp4", "kernel": "marlin"}})) == "marlin"
     assert vllm_moe_backend(EnginePlan({"routed_experts": {"scheme": "nvfp4", "kernel": "torch_emulation"}})) is None

@@ -37,6 +37,16 @@ def test_ready_message_has_curl_and_python():
     msg = server.ready_message("http://127.0.0.1:8000/v1", "tiny-v3-nvfp4")
     assert "curl http://127.0.0.1:8000/v1/chat/completions" in msg
     assert "OpenAI(base_url='http://127.0.0.1:8000/v1'" in msg and "'tiny-v3-nvfp4'" in msg
+    # this interpreter (the venv's, which has openai), not a bare `python`
+    assert f"\n{sys.executable} - <<'EOF'\n" in msg and "\npython - " not in msg
+    assert "Authorization" not in msg and "api_key='EMPTY'" in msg
+
+
+def test_ready_message_reads_the_key_from_its_environment_variable():
+    msg = server.ready_message("http://127.0.0.1:8000/v1", "m", key_env="SERVE_KEY", python="/opt/venv/bin/python")
+    assert """-H 'Content-Type: application/json' -H "Authorization: Bearer $SERVE_KEY" \\\n""" in msg
+    assert "\nimport os\nfrom openai import OpenAI\n" in msg and "api_key=os.environ['SERVE_KEY']" in msg
+    assert "/opt/venv/bin/python - <<'EOF'" in msg and "'EMPTY'" not in msg
 
 
 def test_wait_ready_prints_progress_with_the_last_log_line(tmp_path, capsys):
@@ -62,7 +72,7 @@ def test_manifest_names_every_package_it_looked_for():
 class _StandIn:
     """An HTTP server answering /health and /v1/models like vLLM's once it is up."""
 
-    def __init__(self, models=("tiny-v3-nvfp4",), health=200):
+    def __init__(self, models=("tiny-v3-nvfp4",), health=200, key=None):
         import http.server
         import threading
 
@@ -71,6 +81,8 @@ class _StandIn:
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self):
                 code = health if self.path == "/health" else 200 if self.path == "/v1/models" else 404
+                if key and self.path.startswith("/v1") and self.headers.get("Authorization") != f"Bearer {key}":
+                    code = 401   # vLLM guards /v1 with its API key, not /health
                 self.send_response(code)
                 self.end_headers()
                 if code == 200 and self.path == "/v1/models":
@@ -104,3 +116,10 @@ def test_served_models_lists_ids_only_when_healthy(stand_in):
     assert server.served_models(stand_in(models=("a", "b")).base_url) == ["a", "b"]
     assert server.served_models(stand_in(health=503).base_url) == []
     assert server.served_models("http://127.0.0.1:9/v1", timeout=1.0) == []  # nothing listening
+
+
+def test_served_models_sends_the_api_key(stand_in):
+    url = stand_in(models=("m",), key="k-123").base_url
+    assert server.served_models(url) == []            # 401 without the key: not ready
+    assert server.served_models(url, api_key="wrong") == []
+    assert server.served_models(url, api_key="k-123") == ["m"]

@@ -101,7 +101,7 @@ def test_serve_tiny_cpu_end_to_end(tmp_path, request):
         finally:
             log.close()
             print((tmp_path / "main.log").read_text(errors="replace")[-3000:])
-    assert code == 0
+    assert code == 130   # Ctrl-C (README "Exit codes")
     left = [p for p in tree if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert not left, f"processes left after shutdown: {left}"
 
@@ -215,27 +215,6 @@ def test_bf16_layer_rule_is_served_as_planned(tmp_path, request):
     assert built == want, (built, (tmp_path / "main.log").read_text()[-3000:])
     assert "layers [1] kept BF16 as planned" in (tmp_path / "main.log").read_text() or \
         Path(CACHE / "tiny_v3" / "nvfp4-bf16-layers-1").is_dir()
-
-
-def test_ctrl_c_before_serve_saw_ready_is_clean_when_the_server_answers(monkeypatch):
-    """A client may see the server ready before serve's own 1-s poll does; a Ctrl-C in that gap stops
-    a serving server (exit 0), while one during a real start still returns None (exit 130)."""
-    import threading
-
-    from nvfp4stack.engine import server
-    from nvfp4stack.tasks import serve
-
-    release = threading.Event()
-    monkeypatch.setattr(server, "wait_ready", lambda *a, **k: release.wait(30) and ["never"])
-    stop = serve.StopFlag()
-    stop.set()
-    try:
-        monkeypatch.setattr(server, "served_models", lambda url, timeout=5.0: ["tiny-v3-nvfp4"])
-        assert serve._wait_ready_or_stop(server, None, "http://x/v1", 60, None, stop) == ["tiny-v3-nvfp4"]
-        monkeypatch.setattr(server, "served_models", lambda url, timeout=5.0: [])
-        assert serve._wait_ready_or_stop(server, None, "http://x/v1", 60, None, stop) is None
-    finally:
-        release.set()
 
 
 def test_stop_flag_is_set_by_a_real_signal_during_its_wait():

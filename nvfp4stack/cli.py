@@ -7,20 +7,23 @@ typed ``RootConfig`` and never see Hydra.
 """
 from __future__ import annotations
 
-import dataclasses
+import contextlib
+import os
+import signal
 import sys
-import typing
+import threading
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-CONF_DIR = ROOT / "conf"
-RECIPES_DIR = ROOT / "recipes"
+from nvfp4stack.overrides import check_overrides, describe_config_error
+from nvfp4stack.usage import (CONF_DIR, COMMANDS, RECIPES_DIR, ROOT, ConfigWarning,  # noqa: F401  (re-exports)
+                              UsageError, did_you_mean, help_text, recipes)
 
 # Hydra flags that take a value in the next argv slot (so that value is no command word).
 _FLAGS_WITH_VALUE = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
                      "--cfg", "-c", "--package", "-p", "--experimental-rerun"}
 _INFO_FLAGS = {"--info", "-i"}
 _INFO_TOPICS = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
+_SWEEP_FLAGS = {"-m", "--multirun"}
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
@@ -39,22 +42,12 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_UNEXPECTED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 
-class UsageError(SystemExit):
-    """A command-line mistake: printed as one clear paragraph, exit code 2."""
-
-    def __init__(self, message: str):
-        print(f"nvfp4stack: {message}", file=sys.stderr)
-        super().__init__(2)
-
-
 def split_command(argv: list[str]) -> tuple[str | None, list[str], list[str]]:
     """Lift the bare command word out of argv.
 
     Returns (command or None, overrides, hydra flags). Flags go first when argv is rebuilt:
     Hydra's argparse cannot interleave flags with its positional overrides.
     """
-    from nvfp4stack.config import COMMANDS
-
     command, overrides, flags = None, [], []
     take_value = False
     for arg in argv:
@@ -68,71 +61,16 @@ def split_command(argv: list[str]) -> tuple[str | None, list[str], list[str]]:
             flags.append(arg)
         elif arg.startswith("-"):
             flags.append(arg)
-        elif "=" in arg:
+        elif "=" in arg or arg.startswith("~"):  # ~key deletes a key
             overrides.append(arg)
         elif arg not in COMMANDS:
-            raise UsageError(f"unknown command {arg!r}; valid commands: {', '.join(COMMANDS)}")
+            raise UsageError(f"unknown command {arg!r}; valid commands: {', '.join(COMMANDS)}"
+                             f"{did_you_mean(arg, COMMANDS)}")
         elif command is not None:
             raise UsageError(f"two commands given ({command!r} and {arg!r}); give exactly one of: {', '.join(COMMANDS)}")
         else:
             command = arg
     return command, overrides, flags
-
-
-def _fields(cls: type) -> dict[str, type]:
-    hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
-
-
-def _dataclass_of(tp: object) -> type | None:
-    if dataclasses.is_dataclass(tp):
-        return tp  # type: ignore[return-value]
-    for arg in typing.get_args(tp):
-        if dataclasses.is_dataclass(arg):
-            return arg
-    return None
-
-
-def check_override_keys(overrides: list[str]) -> None:
-    """Reject an unknown config key up front, listing the valid keys at that level."""
-    from nvfp4stack.config import GROUPS, RootConfig
-
-    for ov in overrides:
-        if ov.startswith(("-", "+", "~", "hydra.", "hydra/")) or "=" not in ov:
-            continue
-        key = ov.split("=", 1)[0]
-        if key == "recipe":
-            continue
-        parts = key.split(".")
-        if len(parts) == 1 and parts[0] in GROUPS:
-            _check_group_option(parts[0], ov.split("=", 1)[1])  # e.g. arch=sm90
-            continue
-        cls: type | None = RootConfig
-        for depth, part in enumerate(parts):
-            fields = _fields(cls)
-            if part not in fields:
-                where = ".".join(parts[:depth]) or "the root config"
-                raise UsageError(
-                    f"unknown config key {key!r}: {where} has no {part!r}; valid keys there: "
-                    f"{', '.join(sorted(fields))}"
-                )
-            cls = _dataclass_of(fields[part])
-            if cls is None:
-                break
-
-
-def _check_group_option(group: str, value: str) -> None:
-    """``arch=sm100`` -> one line naming the valid options (and the closest), not Hydra's dump."""
-    import difflib
-
-    valid = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
-    for name in value.split(","):  # a multirun sweep lists several
-        if valid and name not in valid:
-            # a prefix first (sm100 -> sm100a, the arch-specific target), else the closest spelling
-            close = [v for v in valid if v.startswith(name)] or difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
-            hint = f"; did you mean {group}={close[0]}?" if close else ""
-            raise UsageError(f"{group}={name!r} is not an option of config group {group!r}; valid: "
-                             f"{', '.join(valid)}{hint}")
 
 
 def _recipe_override(args: list[str]) -> list[str]:
@@ -143,8 +81,9 @@ def _recipe_override(args: list[str]) -> list[str]:
             names = arg.split("=", 1)[1]
             for name in names.split(","):
                 if name and not (RECIPES_DIR / f"{name}.yaml").exists():
-                    valid = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
-                    raise UsageError(f"unknown recipe {name!r}; valid recipes (in {RECIPES_DIR}): {', '.join(valid)}")
+                    valid = recipes()
+                    raise UsageError(f"unknown recipe {name!r}; valid recipes (in {RECIPES_DIR}): {', '.join(valid)}"
+                                     f"{did_you_mean(name, valid, 'recipe=')}")
             arg = f"recipes@_global_={names}"
         out.append(arg)
     return out
@@ -152,40 +91,67 @@ def _recipe_override(args: list[str]) -> list[str]:
 
 def compose_config(*overrides: str):
     """The typed RootConfig for CLI-style overrides (``recipe=X`` included) without running a command:
-    for notebooks, scripts and tests. Keys are checked like the CLI's."""
+    for notebooks, scripts and tests. Overrides are checked like the CLI's."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
     from nvfp4stack.config import register_configs
 
-    check_override_keys(list(overrides))
+    check_overrides(list(overrides))
     register_configs()
     args = [*_recipe_override(list(overrides)), f"hydra.searchpath=[file://{ROOT}]"]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         return OmegaConf.to_object(compose("config", overrides=args))
 
 
-def main(argv: list[str] | None = None) -> None:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if any(a in ("-h", "--help") for a in argv):
-        from nvfp4stack.config import COMMANDS
+# What the one Ctrl-C line names: "nvfp4stack <command>" once the command word is known.
+_label = "nvfp4stack"
 
-        print(f"usage: python main.py [-m] [key=value ...] <command>\n  commands: {', '.join(COMMANDS)}\n"
-              f"  recipes: {', '.join(sorted(p.stem for p in RECIPES_DIR.glob('*.yaml')))}\n"
-              "  e.g.: python main.py recipe=<recipe> plan\n(Hydra's own help follows)\n")
+
+def _exit_on_ctrl_c(signum, frame) -> None:
+    """SIGINT outside a task: one line, exit 130. Before a task starts (imports, Hydra's composition)
+    there is nothing to undo, and a KeyboardInterrupt raised inside a library's import can print a
+    47-line traceback or be swallowed by its bare ``except``."""
+    os.write(2, f"{_label}: interrupted (Ctrl-C)\n".encode())
+    os._exit(EXIT_INTERRUPTED)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python main.py [-m] [key=value ...] <command>``: exits under the contract above."""
+    global _label
+    signal.signal(signal.SIGINT, _exit_on_ctrl_c)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or any(a in ("-h", "--help") for a in argv):
+        # A bare `python main.py` asks what there is to run: the help, exit 0 (it used to run `plan`).
+        try:
+            print(help_text(next((a for a in argv if a in COMMANDS), None)), flush=True)
+        except BrokenPipeError:  # `python main.py --help | head`
+            os._exit(EXIT_OK)
+        raise SystemExit(EXIT_OK)
     command, overrides, flags = split_command(argv)
-    check_override_keys(overrides)
+    if command is not None:
+        _label = f"nvfp4stack {command}"
+    elif not any(o.startswith("command=") for o in overrides) and set(flags) <= _SWEEP_FLAGS:
+        raise UsageError(f"no command given; add one of: {', '.join(COMMANDS)} "
+                         f"(e.g. python main.py {' '.join(argv)} plan; python main.py --help says what each does)")
+    check_overrides(overrides)
     overrides = _recipe_override(overrides)
     if command is not None:
         overrides.append(f"command={command}")
     overrides.append(f"hydra.searchpath=[file://{ROOT}]")
     sys.argv = [sys.argv[0] if sys.argv else "nvfp4stack", *flags, *overrides]
-    _hydra_entry()
+    try:
+        _hydra_entry()
+    except KeyboardInterrupt:  # in the moment between a task's own handling and Hydra's return
+        print(f"{_label}: interrupted (Ctrl-C)", file=sys.stderr)
+        raise SystemExit(EXIT_INTERRUPTED) from None
 
 
 def _hydra_entry() -> None:
     import hydra
+    from hydra.errors import HydraException
     from omegaconf import DictConfig
+    from omegaconf.errors import OmegaConfBaseException
 
     from nvfp4stack.config import register_configs
 
@@ -199,13 +165,31 @@ def _hydra_entry() -> None:
         from hydra.types import RunMode
 
         code = run_from_dictconfig(cfg)
-        if code and HydraConfig.get().mode == RunMode.MULTIRUN:
+        if code and code != EXIT_INTERRUPTED and HydraConfig.get().mode == RunMode.MULTIRUN:
             # One job's failure must not hide the others: finish the sweep, fail at the end.
             failures.append(f"job {HydraConfig.get().job.num} ({' '.join(HydraConfig.get().overrides.task)}): exit {code}")
         elif code:
-            raise SystemExit(code)
+            raise SystemExit(code)  # Ctrl-C stops a sweep too
 
-    _run()
+    # Hydra's errors (composition, a sweep job's overrides) reach this function instead of Hydra's
+    # 7-line report and exit 1: each becomes one line under the contract.
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        _run()
+    except (HydraException, OmegaConfBaseException) as e:
+        raise UsageError(describe_config_error(e)) from None
+    except BrokenPipeError:  # Hydra's own printing (--cfg, --hydra-help) into `| head`
+        os._exit(EXIT_OK)
+    except Exception as e:  # outside any task (its run dir may not exist): log to a temp file
+        import tempfile
+        import traceback
+
+        fd, log = tempfile.mkstemp(prefix="nvfp4stack-", suffix=".log")
+        with os.fdopen(fd, "w") as f:
+            f.write(traceback.format_exc())
+        print(f"{_label}: unexpected error: {type(e).__name__}: {' '.join(str(e).split())} (traceback in {log})",
+              file=sys.stderr)
+        raise SystemExit(EXIT_UNEXPECTED) from None
     if failures:
         print("failed jobs:\n  " + "\n  ".join(failures), file=sys.stderr)
         raise SystemExit(1)
@@ -216,12 +200,14 @@ def run_from_dictconfig(cfg) -> int:
     import importlib
 
     from omegaconf import OmegaConf
-    from omegaconf.errors import ValidationError
+    from omegaconf.errors import OmegaConfBaseException
 
     try:
         typed = OmegaConf.to_object(cfg)
-    except (ValidationError, ValueError) as e:
-        raise UsageError(f"invalid configuration: {e}") from None
+    except OmegaConfBaseException as e:  # e.g. an interpolation that does not resolve
+        raise UsageError(f"invalid configuration: {describe_config_error(e)}") from None
+    except ValueError as e:  # a schema's __post_init__: one line naming the key
+        raise UsageError(f"invalid configuration: {' '.join(str(e).split())}") from None
     task = importlib.import_module(f"nvfp4stack.tasks.{typed.command}")
     from nvfp4stack.run_dir import prepare_run_dir
     from nvfp4stack.train.config import warn_unused_train
@@ -236,7 +222,7 @@ def run_from_dictconfig(cfg) -> int:
 
 def run_task(run, command: str, log_path: Path) -> int:
     """Run one task under the exit-code contract, its output teed into ``log_path`` (cli.log)."""
-    with _tee_to(log_path):
+    with _tee_to(log_path), _ctrl_c_raises(), _one_line_warnings(command):
         try:
             return int(run() or 0)
         except _user_errors() as e:
@@ -254,6 +240,38 @@ def run_task(run, command: str, log_path: Path) -> int:
             print(f"nvfp4stack {command}: unexpected error: {type(e).__name__}: {e} "
                   f"(traceback in {log_path})", file=sys.stderr)
             return EXIT_UNEXPECTED
+
+
+@contextlib.contextmanager
+def _ctrl_c_raises():
+    """Within a task Ctrl-C raises KeyboardInterrupt, so the task can stop its children and leave
+    resumable state (outside one, the CLI exits at once)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@contextlib.contextmanager
+def _one_line_warnings(command: str):
+    """A ConfigWarning prints as ``nvfp4stack <command>: warning: ...``; other warnings as Python does."""
+    import warnings
+
+    with warnings.catch_warnings():
+        python_shows = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            if issubclass(category, ConfigWarning):
+                print(f"nvfp4stack {command}: warning: {message}", file=sys.stderr)
+            else:
+                python_shows(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = show
+        yield
 
 
 def _log_traceback(log_path: Path) -> None:

@@ -16,13 +16,13 @@ from nvfp4stack.plan.rules import PrecisionRule
 from nvfp4stack.quantize.config import QuantizeConfig
 from nvfp4stack.schemes import Scheme
 from nvfp4stack.train.config import TrainConfig
-
-COMMANDS = ("plan", "quantize", "convert", "serve", "eval", "bench", "doctor", "train")
+from nvfp4stack.usage import COMMANDS, did_you_mean
 
 
 def _check_choice(key: str, value: str, valid: tuple[str, ...] | list[str]) -> None:
     if value not in valid:
-        raise ValueError(f"{key}={value!r} is not valid; expected one of: {', '.join(valid)}")
+        raise ValueError(f"{key}={value!r} is not valid; expected one of: {', '.join(valid)}"
+                         f"{did_you_mean(value, valid, f'{key}=')}")
 
 
 @dataclass

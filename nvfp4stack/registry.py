@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Callable, Generic, Iterator, TypeVar
 
+from nvfp4stack.usage import did_you_mean
+
 T = TypeVar("T")
 
 
@@ -41,13 +43,22 @@ class Registry(Generic[T]):
         try:
             return self._items[self.canonical(name)]
         except KeyError:
-            aliases = "".join(f", {a} (= {n})" for a, n in sorted(self._aliases.items()))
-            raise KeyError(
-                f"unknown {self.kind} {name!r}; valid {self.kind}s: {', '.join(self.names())}{aliases}"
-            ) from None
+            raise KeyError(f"unknown {self.kind} {name!r}; valid {self.kind}s: {self.listing()}"
+                           f"{did_you_mean(name, self.spellings())}") from None
 
     def names(self) -> list[str]:
         return sorted(self._items)
+
+    def spellings(self) -> list[str]:
+        """Every name ``get`` accepts: the registered names and their aliases."""
+        return sorted([*self._items, *self._aliases])
+
+    def listing(self) -> str:
+        """The accepted names for a message: 'marlin, flashinfer_cutedsl (alias cutedsl), ...'."""
+        aliases: dict[str, list[str]] = {}
+        for alias, name in sorted(self._aliases.items()):
+            aliases.setdefault(name, []).append(alias)
+        return ", ".join(n + (f" (alias {', '.join(aliases[n])})" if n in aliases else "") for n in self.names())
 
     def __contains__(self, name: object) -> bool:
         return isinstance(name, str) and self.canonical(name) in self._items

@@ -3,11 +3,13 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
-from nvfp4stack.cli import (CONF_DIR, RECIPES_DIR, ROOT, UsageError,
-                            check_override_keys, compose_config, split_command)
+from nvfp4stack.cli import CONF_DIR, RECIPES_DIR, ROOT, UsageError, compose_config, split_command
+from nvfp4stack.overrides import check_overrides, field_path
+from nvfp4stack.usage import COMMANDS
 from nvfp4stack.config import GROUPS, RootConfig
 
 RECIPES = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
@@ -30,9 +32,11 @@ def test_bad_command_line_is_a_clear_usage_error(capsys):
     with pytest.raises(UsageError):
         split_command(["plan", "serve"])
     with pytest.raises(UsageError):
-        check_override_keys(["engine.tpp=2"])
+        check_overrides(["engine.tpp=2"])
     assert "engine has no 'tpp'; valid keys there: " in capsys.readouterr().err
-    check_override_keys(["engine.tp=2", "arch=sm90", "precision.attn.wo_a=bf16", "hydra.verbose=true"])
+    check_overrides(["engine.tp=2", "arch=sm90", "precision.attn.wo_a=bf16", "hydra.verbose=true", "engine.tp='4'",
+                     "backend.moe=cutedsl,marlin", "precision.rules=[{targets:[embed],ignore:[head],scheme:bf16}]",
+                     "engine.tp=${oc.env:TP,1}", "engine.speculative={method:mtp}", "model.path=null"])
 
 
 def test_default_recipe_is_tiny_cpu():
@@ -129,3 +133,51 @@ def test_multirun_backend_sweep(tmp_path):
     for backend in ("cutedsl", "flashinfer_trtllm", "marlin", "triton_w4a16"):
         assert f"| {backend} |" in md
     assert "gpu_weight_bytes" in md or "gpu_weight_bytes=" in md
+
+
+def _help(*args):
+    start = time.perf_counter()
+    r = subprocess.run([sys.executable, str(ROOT / "main.py"), *args], capture_output=True, text=True, timeout=60)
+    return r, time.perf_counter() - start
+
+
+@pytest.mark.parametrize("args", [(), ("--help",), ("-h", "recipe=dsv4_b200")])
+def test_help_lists_every_command_fast_without_hydra_dump(args):
+    r, seconds = _help(*args)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert seconds < 1.5, f"help took {seconds:.2f} s"
+    for command in COMMANDS:
+        assert f"\n  {command:<9} " in r.stdout, command
+    assert "python main.py <command> --help" in r.stdout and "--hydra-help" in r.stdout
+    assert "tiny_cpu" in r.stdout and "== Config ==" not in r.stdout and "Powered by Hydra" not in r.stdout
+    assert len(r.stdout.splitlines()) < 30
+
+
+def test_command_help_gives_keys_and_examples():
+    r, seconds = _help("recipe=dsv4_b200", "serve", "--help")
+    assert r.returncode == 0 and seconds < 1.5, (r.stderr, seconds)
+    assert r.stdout.splitlines()[2].startswith("serve: vLLM's OpenAI server")
+    assert "main keys: model.path, engine.host" in r.stdout
+    assert "  python main.py recipe=dsv4_b200 serve engine.dry_run=true" in r.stdout
+
+
+def test_help_imports_neither_torch_nor_hydra():
+    code = ("import sys; from nvfp4stack.cli import main\n"
+            "try:\n    main(['--help'])\nexcept SystemExit as e:\n    assert e.code == 0\n"
+            "print(sorted(m for m in ('torch', 'hydra', 'vllm', 'omegaconf') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip().endswith("[]"), r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help_names_only_real_keys_and_recipes(command):
+    from nvfp4stack.usage import command_help
+
+    c = command_help(command)
+    for key in c.keys:
+        assert key in GROUPS or field_path(key) is not None, key
+    for example in c.examples:
+        words = example.split()
+        assert words[:2] == ["python", "main.py"] and command in words, example
+        assert split_command(words[2:])[0] == command
+        check_overrides([w for w in words[2:] if "=" in w and not w.endswith("=PATH")])

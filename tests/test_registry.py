@@ -24,8 +24,10 @@ def test_unknown_name_lists_valid_ones_and_aliases():
     reg: Registry[type] = Registry("widget")
     reg.register("a")(type("A", (), {}))
     reg.alias("alpha", "a")
-    with pytest.raises(KeyError, match=r"unknown widget 'nope'; valid widgets: a, alpha \(= a\)"):
+    with pytest.raises(KeyError, match=r"unknown widget 'nope'; valid widgets: a \(alias alpha\)"):
         reg.get("nope")
+    with pytest.raises(KeyError, match=r"valid widgets: a \(alias alpha\); did you mean alpha\?"):
+        reg.get("alpah")
 
 
 def test_double_registration_is_refused():

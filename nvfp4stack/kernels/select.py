@@ -7,6 +7,7 @@ from nvfp4stack.arch import Arch
 from nvfp4stack.kernels.base import KernelBackend, load_backends, registry_for
 from nvfp4stack.kernels.priority import priority
 from nvfp4stack.schemes import Scheme
+from nvfp4stack.usage import did_you_mean
 
 
 class BackendError(ValueError):
@@ -39,7 +40,8 @@ def select_backend(kind: str, choice: str, arch: Arch, scheme: Scheme, key: str 
     if choice != "auto":
         backend = reg.get(choice) if choice in reg else None
         if backend is None:
-            raise BackendError(f"{key}={choice!r} is not a {kind} backend; valid: auto, {', '.join(reg.names())}")
+            raise BackendError(f"{key}={choice!r} is not a {kind} backend; valid: auto, {reg.listing()}"
+                               f"{did_you_mean(choice, reg.spellings(), f'{key}=')}")
         ok, why = backend.is_supported(arch, scheme)
         if not ok:
             alternatives = [n for n in priority(kind, arch.name)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from nvfp4stack.checkpoint.location import checkpoint_dir
 from nvfp4stack.models.registry import get_factory, shape_twins
 from nvfp4stack.models.registry import factories as _factories
 
@@ -26,10 +27,7 @@ def model_dir(model, cache_dir: str) -> Path | None:
     """The checkpoint directory of ``model`` (building a factory model on first use), or None
     for a weight-free descriptor."""
     if model.path:
-        p = Path(model.path).expanduser()
-        if not p.is_dir():
-            raise FileNotFoundError(f"model.path={model.path!r} is not a directory; point it at a checkpoint dir")
-        return p
+        return checkpoint_dir("model.path", model.path, needs_config=False)
     if model.factory:
         return get_factory(model.factory)[1](cache_root(cache_dir), model.source_format)
     return None
@@ -66,6 +64,8 @@ def config_json_path(model, cache_dir: str) -> Path:
         raise ValueError(f"model: found model.path={model.path!r}, model.factory={model.factory!r}, "
                          f"model.descriptor={model.descriptor!r}; expected one of them to name the model's config.json. "
                          "Fix: set model.path=<checkpoint dir>, a model.factory, or a model.descriptor")
+    if model.path:  # an error naming the key, not a bare [Errno 2] .../config.json
+        checkpoint_dir("model.path", model.path)
     return d / "config.json"
 
 

@@ -12,8 +12,10 @@ from nvfp4stack.arch import Arch
 from nvfp4stack.kernels.select import BackendError, Selection, select_backend
 from nvfp4stack.models.family import TensorGroup
 from nvfp4stack.plan.memory import Layout, group_bytes, shard_factor
-from nvfp4stack.plan.rules import PrecisionRule, first_match
+from nvfp4stack.plan.roles import ROLES
+from nvfp4stack.plan.rules import PrecisionRule, first_match, unmatched_target
 from nvfp4stack.schemes import Scheme
+from nvfp4stack.usage import ConfigWarning
 
 
 class PlanError(ValueError):
@@ -283,13 +285,13 @@ def build_plan(groups: Iterable[tuple[TensorGroup, Scheme]], *, model: str, fami
         msg = (f"precision.{key}={value}: model family {family} has no role {key!r}, so it selects nothing "
                f"(its roles: {', '.join(fam.precision_roles)})")
         plan.warnings.append(msg)
-        warnings.warn(msg, stacklevel=2)
-    for rule in rules:
+        warnings.warn(msg, ConfigWarning, stacklevel=2)
+    for i, rule in enumerate(rules):
         for t in rule.targets:
             if t not in used_targets:
-                msg = f"precision rule target {t!r} (scheme {rule.scheme}) matched no tensor group"
+                msg = unmatched_target(i, t, model, [*ROLES, "mtp"])
                 plan.warnings.append(msg)
-                warnings.warn(msg, stacklevel=2)
+                warnings.warn(msg, ConfigWarning, stacklevel=2)
     return plan
 
 

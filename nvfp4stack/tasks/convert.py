@@ -86,7 +86,10 @@ def run(cfg) -> int:
 
     c = cfg.convert
     if c.src or getattr(cfg.model, "path", None):
-        src = Path(c.src or cfg.model.path)
+        from nvfp4stack.checkpoint.location import checkpoint_dir
+
+        key, value = ("convert.src", c.src) if c.src else ("model.path", cfg.model.path)
+        src = checkpoint_dir(key, value, needs_config=False)
     else:  # a factory model: built on first use
         from nvfp4stack.models.resolve import model_dir
 

@@ -29,3 +29,11 @@ def test_bad_rules_are_refused():
         PrecisionRule(targets=[], scheme="bf16")
     with pytest.raises(ValueError, match="unknown scheme 'fp6'"):
         PrecisionRule(targets=["embed"], scheme="fp6")
+
+
+def test_an_invalid_regex_names_the_target():
+    with pytest.raises(ValueError, match=r"precision.rules: target 're:\^layers\\.\(1' is not a valid regex "
+                                         r"\(missing \), unterminated subpattern"):
+        PrecisionRule(targets=["re:^layers\\.(1"], scheme="bf16")
+    with pytest.raises(ValueError, match="target 're:\\[0-' is not a valid regex"):
+        PrecisionRule(targets=["embed"], ignore=["re:[0-"], scheme="bf16")

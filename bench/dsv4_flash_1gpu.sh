@@ -2,7 +2,9 @@
 # DeepSeek-V4-Flash, full width, reduced depth, synthetic weights, on one GPU (issue #34), one MoE setting
 # per call: MOE=marlin (stock vLLM: the release's MXFP4 experts on vLLM's Marlin) or MOE=triton_w4a16 (ours:
 # the same MXFP4 weights cast to NVFP4 at load). Needs the bundles installed in $SITE (README "Running on an
-# offline GPU host"). Writes $OUT/<MOE>.json (greedy tokens, decode tok/s) and the server log.
+# offline GPU host"). Writes $OUT/<MOE>.json (greedy tokens, decode tok/s) and the server log. CUDA graphs are
+# captured for CAPTURE's sizes only (DeepSeek-V4's TileLang kernels compile per captured size: vLLM's 51
+# default sizes took over 7 minutes on a cold H200).
 #   MOE=marlin LAYERS=8 bash bench/dsv4_flash_1gpu.sh
 set -uo pipefail
 MOE=${MOE:-triton_w4a16}
@@ -15,9 +17,11 @@ export DG_JIT_CACHE_DIR=${DG_JIT_CACHE_DIR:-/tmp/dg-cache} VLLM_DEEP_GEMM_WARMUP
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 t0=$(date +%s)
 python3 main.py recipe=dsv4_flash_h200 model.num_layers="$LAYERS" engine.tp=1 engine.ep=false \
-    engine.speculative.method=null engine.load_format=synthetic engine.tokenizer_mode=auto \
+    engine.speculative.method=null engine.load_format=synthetic engine.tokenizer_mode=hf \
     engine.tool_call_parser=null engine.reasoning_parser=null engine.enable_auto_tool_choice=false \
     engine.max_model_len=4096 engine.gpu_memory_utilization=0.85 engine.port="$PORT" \
+    engine.max_num_seqs="${MAX_SEQS:-32}" \
+    "engine.compilation_config='{\"cudagraph_capture_sizes\":[${CAPTURE:-1,2,4,8,16,32}]}'" \
     engine.ready_timeout_s="${READY_TIMEOUT_S:-540}" backend.moe="$MOE" "run_dir=$OUT/$MOE" serve \
     > "$OUT/$MOE.serve.log" 2>&1 &
 pid=$!
@@ -32,7 +36,7 @@ rc=1
 if [ -n "$ready" ]; then
     python3 bench/dsv4_flash_run.py --base-url "http://127.0.0.1:$PORT/v1" --model dsv4_flash \
         --json "$OUT/$MOE.json" --batches "${BATCHES:-1,8,32}" && rc=0
-    grep -E "nvfp4stack: |synthetic|quantization=" "$OUT/$MOE/vllm_server.log" | sed 's/compilation_config.*//' | head -6
+    grep -E "nvfp4stack: |synthetic weights|Model loading took|KV cache memory" "$OUT/$MOE/vllm_server.log" | cut -c1-220 | head -8
 else
     tail -25 "$OUT/$MOE.serve.log"; grep -E "Error|error|Traceback" -A3 "$OUT/$MOE/vllm_server.log" | tail -60
 fi

@@ -61,7 +61,7 @@ class ModelConfig:
             raise ValueError(
                 f"model.num_layers={self.num_layers!r}: expected a positive layer count for a weight-free descriptor "
                 f"(model.descriptor), found {found}; a checkpoint's depth is its own. Fix: drop model.num_layers, or "
-                "plan/serve a descriptor model (e.g. model=dsv4_flash engine.load_format=synthetic)")
+                "plan/serve a descriptor model (one with model.descriptor; engine.load_format=synthetic to serve it)")
         if not (self.descriptor or self.factory or self.path):
             raise ValueError(
                 f"model {self.name!r}: none of model.descriptor, model.factory, model.path is set; "

@@ -28,29 +28,28 @@ _COMMANDS = {
         "weight and KV-cache bytes; writes plan.json",
         ("model", "arch", "precision.routed_experts", "precision.rules", "backend.moe", "backend.linear",
          "engine.tp", "engine.ep"),
-        ("python main.py recipe=dsv4_b200 plan",
-         "python main.py recipe=dsv4_b200 arch=sm90 backend.moe=auto plan")),
+        ("python main.py recipe=qwen3_235b_b200 plan",
+         "python main.py recipe=qwen3_235b_b200 arch=sm90 backend.moe=auto plan")),
     "quantize": Command(
         "modelopt PTQ (quantize.method=modelopt) or the data-free MXFP4 -> NVFP4 cast "
         "(quantize.method=cast); writes a checkpoint",
         ("quantize.method", "quantize.source", "quantize.base", "quantize.output_dir", "quantize.calib_samples",
          "quantize.amax_path", "model.path"),
-        ("python main.py recipe=tiny_dsv4 quantize",
-         "python main.py recipe=tiny_dsv4 quantize quantize.method=cast")),
+        ("python main.py quantize", "python main.py recipe=tiny_qwen3_moe quantize")),
     "convert": Command(
         "streaming, resumable, atomic checkpoint conversion following the plan",
         ("convert.src", "convert.dst", "convert.overwrite", "model.path", "precision.rules"),
-        ("python main.py recipe=tiny_dsv4 convert",)),
+        ("python main.py convert",)),
     "serve": Command(
         "vLLM's OpenAI server with the recipe's engine args (engine.dry_run=true prints them)",
         ("model.path", "engine.host", "engine.port", "engine.tp", "engine.dry_run", "backend.moe",
          "engine.max_model_len"),
-        ("python main.py serve", "python main.py recipe=dsv4_b200 serve engine.dry_run=true")),
+        ("python main.py serve", "python main.py recipe=qwen3_235b_b200 serve engine.dry_run=true")),
     "eval": Command(
         "fidelity against the bf16 reference (layer test, end to end, or task scoring on a live server)",
         ("eval.level", "eval.num_prompts", "eval.max_tokens", "eval.tasks_file", "eval.endpoint",
          "eval.reference_path"),
-        ("python main.py eval", "python main.py recipe=tiny_dsv4 eval eval.level=e2e")),
+        ("python main.py eval", "python main.py recipe=tiny_qwen3_moe eval eval.level=e2e")),
     "bench": Command(
         "benchmarks: bench=formats, bench=moe_kernel, bench=cold_start, bench=engine",
         ("bench", "bench.device", "bench.repeat", "bench.tokens_per_expert"),
@@ -58,11 +57,11 @@ _COMMANDS = {
     "doctor": Command(
         "validates a checkpoint (checkpoint=PATH) against the plan and vLLM's loader; exit 1 on errors",
         ("checkpoint", "model"),
-        ("python main.py recipe=tiny_dsv4 doctor checkpoint=PATH",)),
+        ("python main.py doctor checkpoint=PATH",)),
     "train": Command(
-        "trains the recipe's tiny model (tiny_v3, tiny_dsv4) on the stdlib corpus; cached, with a manifest",
+        "trains the recipe's tiny model on the stdlib corpus; cached, with a manifest",
         ("train.steps", "train.batch_size", "train.lr", "train.seed"),
-        ("python main.py train", "python main.py recipe=tiny_dsv4 train")),
+        ("python main.py train",)),
 }
 COMMANDS = tuple(_COMMANDS)
 _GROUPS = ("model", "arch", "precision", "backend", "engine", "quantize", "convert", "eval", "bench", "train")

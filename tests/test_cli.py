@@ -154,11 +154,11 @@ def test_help_lists_every_command_fast_without_hydra_dump(args):
 
 
 def test_command_help_gives_keys_and_examples():
-    r, seconds = _help("recipe=dsv4_b200", "serve", "--help")
+    r, seconds = _help("recipe=qwen3_235b_b200", "serve", "--help")
     assert r.returncode == 0 and seconds < 1.5, (r.stderr, seconds)
     assert r.stdout.splitlines()[2].startswith("serve: vLLM's OpenAI server")
     assert "main keys: model.path, engine.host" in r.stdout
-    assert "  python main.py recipe=dsv4_b200 serve engine.dry_run=true" in r.stdout
+    assert "  python main.py recipe=qwen3_235b_b200 serve engine.dry_run=true" in r.stdout
 
 
 def test_help_imports_neither_torch_nor_hydra():

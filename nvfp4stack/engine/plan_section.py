@@ -159,8 +159,9 @@ def engine_plan_from_plan(plan, *, fp8_prefill: bool = False, mtp_draft: bool = 
         entry = {"scheme": g.served.value, "kernel": g.kernel}
         if g.role in MOE_ROLES and fp8_prefill and g.kernel == FP8_PREFILL_KERNEL and not g.mtp:
             entry["fp8_prefill"] = True
-        if g.role in MOE_ROLES and g.converter in LOAD_TIME_CASTS and _own(entry, "moe"):
-            entry["cast"] = load_time_cast(g)   # our kernels only: vLLM's own take what their method loads
+        if g.role in MOE_ROLES and getattr(g, "converter", None) in LOAD_TIME_CASTS and _own(entry, "moe") \
+                and g.served is Scheme.NVFP4_W4A16:   # W4A4 needs activation scales: load_time_refusal
+            entry["cast"] = g.converter   # our kernels only: vLLM's own take what their method loads
         if g.mtp:
             if mtp_draft:
                 _agree(mtp, g.role, entry, g.name, g.role, "the MTP block")
@@ -191,17 +192,19 @@ def engine_plan_from_plan(plan, *, fp8_prefill: bool = False, mtp_draft: bool = 
                       family=getattr(plan, "family", None))
 
 
-def load_time_cast(g) -> str:
-    """The cast the plugin runs at load for a routed-expert group stored in another format; refused
-    where the served scheme needs what the source cannot give (W4A4 needs calibrated activation
-    scales, which the release's MXFP4 experts do not carry)."""
-    if g.served is not Scheme.NVFP4_W4A16:
-        raise PlanError(
-            f"{g.name} (role {g.role}): serving the source's {g.source.value} experts as {g.served.value} needs "
-            "calibrated activation scales (input_scale), which a load-time cast cannot make. Fix: "
-            f"precision.{g.role}=nvfp4_w4a16 (weight-only, no activation scales), or quantize with calibration "
-            "(python main.py quantize) and serve its output")
-    return g.converter
+def load_time_refusal(plan) -> str | None:
+    """Why `serve` cannot take the planned source checkpoint as it is, or None: routed experts stored in a
+    format the plugin casts at load (LOAD_TIME_CASTS) but served W4A4, which needs calibrated activation
+    scales (input_scale) that the release's MXFP4 experts do not carry. `plan` shows such a plan (its
+    offline path, quantize with calibration or convert, is valid); only serving the source refuses."""
+    for g in plan.groups:
+        if g.role in MOE_ROLES and g.converter in LOAD_TIME_CASTS and not g.mtp and g.served is not Scheme.NVFP4_W4A16 \
+                and _own({"scheme": g.served.value, "kernel": g.kernel}, "moe"):   # vLLM's kernels load their own
+            return (f"{g.name} (role {g.role}): serving the source's {g.source.value} experts as {g.served.value} needs "
+                    "calibrated activation scales (input_scale), which a load-time cast cannot make. Fix: "
+                    f"precision.{g.role}=nvfp4_w4a16 (weight-only, no activation scales), or quantize with "
+                    "calibration (python main.py quantize) and serve its output")
+    return None
 
 
 def _key(entry: dict) -> tuple:

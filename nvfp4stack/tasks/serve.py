@@ -22,7 +22,7 @@ from pathlib import Path
 from nvfp4stack.cli import EXIT_INTERRUPTED, EXIT_PROBLEMS
 from nvfp4stack.engine.args import SYNTHETIC, format_cli, server_argv
 from nvfp4stack.engine.config import VLLM_KEY_ENV
-from nvfp4stack.engine.plan_section import SECTION_KEY, EnginePlan, engine_plan_for
+from nvfp4stack.engine.plan_section import SECTION_KEY, EnginePlan, engine_plan_for, load_time_refusal
 from nvfp4stack.plan.build import kv_cache_for_config, plan_for_config
 from nvfp4stack.plan.kv_cache import nothing_fits
 from nvfp4stack.plan.preflight import host_mismatch
@@ -122,6 +122,15 @@ def resolve_checkpoint(cfg, plan: EnginePlan, *, build: bool = True) -> Path:
     )
 
 
+def refuse_source_as_is(planned) -> None:
+    """A plan whose source checkpoint cannot be served as it is (engine/plan_section.load_time_refusal)."""
+    from nvfp4stack.plan.planner import PlanError
+
+    why = load_time_refusal(planned)
+    if why:
+        raise PlanError(why)
+
+
 def check_plugin_installed() -> None:
     """vLLM loads plugins from installed distributions' entry points: a source tree on PYTHONPATH
     alone has none, and vLLM would then quietly serve the checkpoint with its own kernels."""
@@ -158,7 +167,9 @@ def serving(cfg, *, log_name: str = "vllm_server.log"):
 
     engine = cfg.engine
     _, key = api_key(engine)
-    plan = engine_plan_for(cfg)
+    planned = plan_for_config(cfg)
+    refuse_source_as_is(planned)
+    plan = engine_plan_for(cfg, planned)
     ckpt = resolve_checkpoint(cfg, plan, build=True)
     argv = build_argv(cfg, plan, ckpt)
     if plan.needs_plugin() or engine.load_format == SYNTHETIC:
@@ -193,6 +204,7 @@ def run(cfg) -> int:
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     planned = plan_for_config(cfg)   # the planner's decisions; raises PlanError/BackendError like `plan`
+    refuse_source_as_is(planned)
     plan = engine_plan_for(cfg, planned)
     too_big = nothing_fits(kv_cache_for_config(cfg, planned))   # `plan`'s exit-1 finding
     if too_big and not engine.allow_overcommit:

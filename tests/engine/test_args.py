@@ -70,7 +70,9 @@ def test_dsv4_engine_args_accepted_by_vllm_parser(recipe, moe_flag, draft_moe, v
     if moe_flag:  # vLLM's own backend: chosen with vLLM's flag, no nvfp4stack quant config
         assert ea.moe_backend == moe_flag and "--quantization" not in argv
     else:  # H200: nvfp4stack's triton_w4a16 through the plugin, plan inside --hf-overrides
-        assert plan.roles["routed_experts"] == {"scheme": "nvfp4_w4a16", "kernel": "triton_w4a16"}
+        # the descriptor is the release: MXFP4 experts, cast to NVFP4 at load by the plugin
+        assert plan.roles["routed_experts"] == {"scheme": "nvfp4_w4a16", "kernel": "triton_w4a16",
+                                                "cast": "mxfp4_to_nvfp4"}
         assert ea.quantization == "nvfp4stack" and "--moe-backend" not in argv
         section = ea.hf_overrides["quantization_config"]["nvfp4stack"]
         assert EnginePlan.from_dict(section).roles == plan.roles

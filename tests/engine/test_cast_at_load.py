@@ -87,11 +87,14 @@ def test_cast_at_load_equals_the_offline_cast(layouts, tmp_path, no_amx):
     assert checked == n_layers * n_experts
 
 
-def test_w4a4_from_the_release_is_refused_at_plan_time(layouts):
-    """The release's experts carry no activation scales: a W4A4 serve of them is refused, naming the fix."""
+def test_w4a4_from_the_release_is_planned_but_not_served_as_is(layouts):
+    """The release's experts carry no activation scales: `plan` shows the W4A4 plan (its offline path,
+    quantize with calibration, is valid), and `serve` of the release as it is refuses, naming the fix."""
     from nvfp4stack.plan.planner import PlanError
+    from nvfp4stack.tasks import serve
 
     cfg = compose_config("recipe=tiny_dsv4", "model.source_format=official", "precision.routed_experts=nvfp4",
-                         f"model.path={layouts['release']}", "run_dir=/tmp/unused")
+                         f"model.path={layouts['release']}", "engine.dry_run=true", "run_dir=/tmp/unused")
+    assert "cast" not in engine_plan_for(cfg).roles["routed_experts"]
     with pytest.raises(PlanError, match=r"load-time cast cannot make.*precision.routed_experts=nvfp4_w4a16"):
-        engine_plan_for(cfg)
+        serve.run(cfg)

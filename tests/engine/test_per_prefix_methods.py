@@ -80,7 +80,9 @@ def test_mtp_draft_modules_read_the_mtp_section(tmp_path):
     cfg = compose_config("recipe=dsv4_h200", f"run_dir={tmp_path}")
     plan = engine_plan_for(cfg)
     assert plan.mtp_first_layer == 61
-    assert plan.entry_for("model.layers.60.ffn.experts") == {"scheme": "nvfp4_w4a16", "kernel": "triton_w4a16"}
+    # the release's MXFP4 experts, cast to NVFP4 at load for our kernel (engine/moe_cast_method.py)
+    assert plan.entry_for("model.layers.60.ffn.experts") == {"scheme": "nvfp4_w4a16", "kernel": "triton_w4a16",
+                                                             "cast": "mxfp4_to_nvfp4"}
     assert plan.entry_for("model.layers.61.ffn.experts")["scheme"] == "mxfp4"
     assert plan.entry_for("model.layers.61.e_proj")["scheme"] == "fp8_block"
     assert EnginePlan.from_dict(plan.to_dict()) == plan

@@ -322,7 +322,8 @@ def test_engine_plan_carries_fp8_prefill_for_triton_w4a16_only():
 
     cfg = compose_config("recipe=dsv4_h200", "backend.moe=triton_w4a16", "backend.moe_fp8_prefill=true", "run_dir=/tmp/x")
     ep = engine_plan_for(cfg)
-    assert ep.roles["routed_experts"] == {"scheme": "nvfp4_w4a16", "kernel": "triton_w4a16", "fp8_prefill": True}
+    assert ep.roles["routed_experts"] == {"scheme": "nvfp4_w4a16", "kernel": "triton_w4a16", "fp8_prefill": True,
+                                          "cast": "mxfp4_to_nvfp4"}
     assert EnginePlan.from_dict(ep.to_dict()).roles == ep.roles  # survives the trip through --hf-overrides
     with pytest.raises(PlanError, match="backend.moe_fp8_prefill"):
         engine_plan_for(compose_config("recipe=dsv4_b200", "backend.moe_fp8_prefill=true", "run_dir=/tmp/x"))

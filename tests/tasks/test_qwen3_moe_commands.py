@@ -38,7 +38,8 @@ def test_commands_on_tiny_qwen3_moe(tmp_path):
     quantized = tmp_path / "q" / "quantized"
 
     r = main(tmp_path, f"run_dir={tmp_path / 'doc'}", f"checkpoint={quantized}", "doctor")
-    assert r.returncode == 0 and "result: clean" in r.stdout
+    # no errors; the family has no vLLM load check, which the doctor says instead of "clean"
+    assert r.returncode == 0 and "result: no errors, not clean: 1 check(s) skipped (vllm_load)" in r.stdout
 
     r = main(tmp_path, f"run_dir={tmp_path / 'conv'}", f"convert.dst={tmp_path / 'converted'}", "convert")
     assert r.returncode == 0, r.stderr

@@ -98,3 +98,20 @@ def test_w4a4_from_the_release_is_planned_but_not_served_as_is(layouts):
     assert "cast" not in engine_plan_for(cfg).roles["routed_experts"]
     with pytest.raises(PlanError, match=r"load-time cast cannot make.*precision.routed_experts=nvfp4_w4a16"):
         serve.run(cfg)
+
+
+def test_doctor_accepts_the_release_that_serve_casts_at_load(layouts):
+    """The plan's MXFP4 -> NVFP4 experts are cast by serve: the doctor notes it instead of asking for convert;
+    where serve could not cast (W4A4), it still asks for convert."""
+    from nvfp4stack.doctor import _check_plan
+    from nvfp4stack.doctor.report import DoctorReport
+    from nvfp4stack.plan.build import plan_for_config
+
+    # tiny_dsv4_h200: weight-only on triton_w4a16 (cast at load); tiny_dsv4: W4A4 on torch_emulation (convert first)
+    for recipe, scheme, warned in (("tiny_dsv4_h200", "nvfp4_w4a16", False), ("tiny_dsv4", "nvfp4", True)):
+        cfg = compose_config(f"recipe={recipe}", "model.source_format=official", f"precision.routed_experts={scheme}",
+                             f"model.path={layouts['release']}", "run_dir=/tmp/unused")
+        report = DoctorReport(str(layouts["release"]))
+        _check_plan(plan_for_config(cfg), report)
+        assert bool(report.warnings) == warned, report.warnings
+        assert any("serve casts them to nvfp4_w4a16 at load" in n for n in report.notes) != warned, report.notes

@@ -159,9 +159,8 @@ def engine_plan_from_plan(plan, *, fp8_prefill: bool = False, mtp_draft: bool = 
         entry = {"scheme": g.served.value, "kernel": g.kernel}
         if g.role in MOE_ROLES and fp8_prefill and g.kernel == FP8_PREFILL_KERNEL and not g.mtp:
             entry["fp8_prefill"] = True
-        if g.role in MOE_ROLES and getattr(g, "converter", None) in LOAD_TIME_CASTS and _own(entry, "moe") \
-                and g.served is Scheme.NVFP4_W4A16:   # W4A4 needs activation scales: load_time_refusal
-            entry["cast"] = g.converter   # our kernels only: vLLM's own take what their method loads
+        if _cast_at_load(g) and g.served is Scheme.NVFP4_W4A16:   # W4A4 needs activation scales: load_time_refusal
+            entry["cast"] = g.converter
         if g.mtp:
             if mtp_draft:
                 _agree(mtp, g.role, entry, g.name, g.role, "the MTP block")
@@ -192,14 +191,20 @@ def engine_plan_from_plan(plan, *, fp8_prefill: bool = False, mtp_draft: bool = 
                       family=getattr(plan, "family", None))
 
 
+def _cast_at_load(g) -> bool:
+    """Routed experts stored in a format the plugin casts at load, served on one of our kernels (vLLM's
+    own kernels load what their own methods take)."""
+    return (g.role in MOE_ROLES and getattr(g, "converter", None) in LOAD_TIME_CASTS
+            and _own({"scheme": g.served.value, "kernel": g.kernel}, "moe") is not None)
+
+
 def load_time_refusal(plan) -> str | None:
     """Why `serve` cannot take the planned source checkpoint as it is, or None: routed experts stored in a
     format the plugin casts at load (LOAD_TIME_CASTS) but served W4A4, which needs calibrated activation
     scales (input_scale) that the release's MXFP4 experts do not carry. `plan` shows such a plan (its
     offline path, quantize with calibration or convert, is valid); only serving the source refuses."""
     for g in plan.groups:
-        if g.role in MOE_ROLES and g.converter in LOAD_TIME_CASTS and not g.mtp and g.served is not Scheme.NVFP4_W4A16 \
-                and _own({"scheme": g.served.value, "kernel": g.kernel}, "moe"):   # vLLM's kernels load their own
+        if _cast_at_load(g) and g.served is not Scheme.NVFP4_W4A16:
             return (f"{g.name} (role {g.role}): serving the source's {g.source.value} experts as {g.served.value} needs "
                     "calibrated activation scales (input_scale), which a load-time cast cannot make. Fix: "
                     f"precision.{g.role}=nvfp4_w4a16 (weight-only, no activation scales), or quantize with "

@@ -104,16 +104,25 @@ def _env() -> dict:
     return {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
+def _quantized(recipe: str, scratch: Path) -> Path:
+    """The recipe's earliest `quantize` output in the scratch dir (the README's own, when an earlier
+    command made it); made here when this test runs alone (``-k``), so it needs no other test's output."""
+    found = sorted(scratch.glob(f"outputs/*/*-{recipe}-quantize/quantized"))
+    if not found:
+        proc = subprocess.run([sys.executable, str(ROOT / "main.py"), f"recipe={recipe}", "quantize",
+                               *BUDGETS["quantize"]], cwd=scratch, env=_env(), capture_output=True, text=True,
+                              timeout=900)
+        assert proc.returncode == 0, f"recipe={recipe} quantize (for a README PATH) failed:\n{proc.stderr[-3000:]}"
+        found = sorted(scratch.glob(f"outputs/*/*-{recipe}-quantize/quantized"))
+    assert found, f"no `quantize` output of recipe {recipe} under {scratch}"
+    return found[0]
+
+
 def _fill_placeholders(argv: list[str], scratch: Path) -> list[str]:
-    out = []
-    for a in argv:
-        key, eq, val = a.partition("=")
-        if eq and val in PLACEHOLDERS:
-            found = sorted(scratch.glob("outputs/*/*-quantize/quantized"))
-            assert found, f"README command needs {val}: no earlier README `quantize` output under {scratch}"
-            a = f"{key}={found[0]}"
-        out.append(a)
-    return out
+    """PATH/REL/BF16 -> the `quantize` output of the command's own recipe (the default: tiny_cpu)."""
+    recipe = next((a.partition("=")[2] for a in argv if a.startswith("recipe=")), "tiny_cpu")
+    return [f"{a.partition('=')[0]}={_quantized(recipe, scratch)}" if a.partition("=")[2] in PLACEHOLDERS else a
+            for a in argv]
 
 
 def _run_until_ready(argv: list[str], cwd: Path, timeout_s: float = 600) -> str:

@@ -60,6 +60,13 @@ class DeepseekV3Family(ModelFamily):
     def mtp_layers(self, hf: dict) -> int:
         return nextn_predict_layers(hf)
 
+    def kv_cache(self, hf: dict, kv_dtype: str, block_size: int | None, mtp_layers: int, tp: int = 1,
+                 model_dtype: str | None = None):
+        # one latent KV head: every TP rank holds the whole cache, whatever tp is
+        from nvfp4stack.models.deepseek_v3.kv_cache import mla_cache_lines
+
+        return mla_cache_lines(hf, kv_dtype, block_size, mtp_layers, model_dtype)
+
     def train(self, factory: str, cache_root: Path, train_cfg) -> tuple[Path, bool]:
         from nvfp4stack.models.deepseek_v3.tiny import ensure_trained_tiny_v3
 

@@ -49,8 +49,9 @@ class DeepseekV3Family(ModelFamily):
     trainable = ("tiny_v3", "tiny_v3_random")
     serve_factories = ("tiny_v3",)
     # ~2.9M parameters: 600 steps, 158 s at 7,778 tokens/s on 2 free cores (measured 2026-11-24, README
-    # "Train the tiny models"; 1030 s when the cores were shared), held-out perplexity 28.5 (goal <=
-    # vocab/20 = 51; 350 steps gave 41.8, with visibly more broken words in served replies).
+    # "Train the tiny models"; 1030 s when the cores were shared), held-out perplexity 28.5 on that AMD
+    # EPYC Zen 5 (29.05 on an AMX host: kernels differ by ISA) (goal <= vocab/20 = 51; 350 steps gave
+    # 41.8, with visibly more broken words in served replies).
     train_budgets = {"tiny_v3": (600, "158 s on 2 free cores, much longer when they are shared")}
     eval_levels = ("e2e",)
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 DEFAULT_GPU_UTIL = 0.92           # vLLM CacheConfig.gpu_memory_utilization default
 DECODE_IN_FLIGHT = 1              # tokens in flight per decoding sequence (sliding-window pages)
+DEFAULT_BLOCK = 16                # vLLM CacheConfig.DEFAULT_BLOCK_SIZE, when --block-size is not given
 GB = 1e9
 
 
@@ -35,6 +36,23 @@ def paged(states_per_page: int, state_bytes: int, align: int) -> int:
 def window_pages(window: int, block: int) -> int:
     # kv_cache_interface.SlidingWindowSpec.max_admission_blocks_per_request at decode
     return -(-(window - 1 + DECODE_IN_FLIGHT) // block) + 1
+
+
+def kv_bytes_per_element(kv_dtype: str | None, model_dtype: str = "bfloat16") -> tuple[str, int]:
+    """(stored dtype, bytes) of one element of a dense paged cache (K/V rows, an MLA latent) for
+    ``--kv-cache-dtype``; auto stores the dtype the engine runs the model in, ``model_dtype``
+    (vllm/utils/torch_utils.py ``kv_cache_dtype_str_to_dtype``; fp8 is per-tensor scaled, 1 byte)."""
+    if kv_dtype in ("auto", None):
+        kv_dtype = model_dtype
+    if kv_dtype in ("fp8", "fp8_e4m3", "fp8_e5m2"):
+        return kv_dtype, 1
+    if kv_dtype in ("bfloat16", "float16", "half"):
+        return kv_dtype, 2
+    if kv_dtype == "float32":
+        return kv_dtype, 4
+    raise ValueError(f"engine.kv_cache_dtype={kv_dtype!r}: this model's paged KV cache is stored as auto (the model "
+                     "dtype), bfloat16, float16, fp8, fp8_e4m3 or fp8_e5m2 (fp8_ds_mla is a sparse-MLA layout); "
+                     "pick one of those")
 
 
 def model_dtype(engine_dtype: str | None, hf_config: dict) -> str:

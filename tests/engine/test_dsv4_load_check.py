@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.amx import amx_run_skip_reason, mode_comparison_skip_reason
 from tests.support.doctor_faults import (edit_config, remove_tensor, rename_tensor, tiny_dsv4_layouts,
                                                  vllm_ready_config)
-from nvfp4stack.models.deepseek_v4.load_check import (STAND_IN_FP8_BLOCK_KERNEL, host_has_amx, run_load_check,
-                                               vllm_importable)
+from nvfp4stack.models.deepseek_v4.load_check import STAND_IN_FP8_BLOCK_KERNEL, run_load_check, vllm_importable
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not vllm_importable(), reason="vLLM is not installed")]
@@ -30,10 +30,9 @@ def _cache() -> Path:
 
 # "no_amx": the child reports AMX absent whatever the host has (the AVX2-only EPYC path), so an
 # AMX host's CI covers it too; "amx": the host's real AMX kernels, where the host has them.
+_NO_AMX_RUN = amx_run_skip_reason()
 AMX_MODES = [pytest.param("no_amx", id="no_amx"),
-             pytest.param("amx", id="amx", marks=pytest.mark.skipif(
-                 not vllm_importable() or not host_has_amx(),
-                 reason="host has no AMX: its real kernel path cannot run here (the no_amx run covers this host)"))]
+             pytest.param("amx", id="amx", marks=pytest.mark.skipif(_NO_AMX_RUN is not None, reason=str(_NO_AMX_RUN)))]
 
 
 def _k_block_64(cfg: dict) -> dict:
@@ -144,6 +143,7 @@ def test_stand_in_builds_the_same_parameters_as_vllms_amx_kernel(reports):
     _PARAMS_BY_MODE[reports["mode"]] = {k: (r.param_signature, r.n_params, r.n_loaded_tensors, r.errors)
                                         for k, r in _built(reports).items()}
     assert all(len(sig) == 64 and n > 100 for sig, n, _, _ in _PARAMS_BY_MODE[reports["mode"]].values())
-    if len(_PARAMS_BY_MODE) < 2:
-        pytest.skip("compares the no_amx run with the amx run, which needs a host with AMX")
+    why = mode_comparison_skip_reason(reports["mode"], set(_PARAMS_BY_MODE))
+    if why:
+        pytest.skip(why)
     assert _PARAMS_BY_MODE["no_amx"] == _PARAMS_BY_MODE["amx"]

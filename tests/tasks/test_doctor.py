@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.amx import amx_run_skip_reason
 from tests.support.doctor_faults import remove_tensor, tiny_dsv4_layouts, vllm_ready_config
 from nvfp4stack.config import ModelConfig, RootConfig
 from nvfp4stack.models.deepseek_v4.load_check import vllm_importable
@@ -27,10 +28,11 @@ def _cache() -> Path:
 def amx_mode(request, monkeypatch):
     """Run the doctor (and its vLLM load-check child) with AMX reported absent, as on an AVX2-only
     EPYC, and with the host's real AMX path where the host has AMX."""
-    from nvfp4stack.models.deepseek_v4.load_check import FORCE_NO_AMX_ENV, host_has_amx
+    from nvfp4stack.models.deepseek_v4.load_check import FORCE_NO_AMX_ENV
 
-    if request.param == "amx" and not (vllm_importable() and host_has_amx()):
-        pytest.skip("host has no AMX: its real kernel path cannot run here (the no_amx run covers this host)")
+    why = amx_run_skip_reason() if request.param == "amx" else None
+    if why:
+        pytest.skip(why)
     if request.param == "no_amx":
         monkeypatch.setenv(FORCE_NO_AMX_ENV, "1")
     else:  # the host's own answer, even if the caller's shell forces no AMX

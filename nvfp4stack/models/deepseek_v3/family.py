@@ -49,8 +49,9 @@ class DeepseekV3Family(ModelFamily):
     trainable = ("tiny_v3", "tiny_v3_random")
     serve_factories = ("tiny_v3",)
     # ~2.9M parameters: 600 steps, 158 s at 7,778 tokens/s on 2 free cores (measured 2026-11-24, README
-    # "Train the tiny models"; 1030 s when the cores were shared), held-out perplexity 28.5 (goal <=
-    # vocab/20 = 51; 350 steps gave 41.8, with visibly more broken words in served replies).
+    # "Train the tiny models"; 1030 s when the cores were shared), held-out perplexity 28.5 on that AMD
+    # EPYC Zen 5 (29.05 on an AMX host: kernels differ by ISA) (goal <= vocab/20 = 51; 350 steps gave
+    # 41.8, with visibly more broken words in served replies).
     train_budgets = {"tiny_v3": (600, "158 s on 2 free cores, much longer when they are shared")}
     eval_levels = ("e2e",)
 
@@ -59,6 +60,13 @@ class DeepseekV3Family(ModelFamily):
 
     def mtp_layers(self, hf: dict) -> int:
         return nextn_predict_layers(hf)
+
+    def kv_cache(self, hf: dict, kv_dtype: str, block_size: int | None, mtp_layers: int, tp: int = 1,
+                 model_dtype: str | None = None):
+        # one latent KV head: every TP rank holds the whole cache, whatever tp is
+        from nvfp4stack.models.deepseek_v3.kv_cache import mla_cache_lines
+
+        return mla_cache_lines(hf, kv_dtype, block_size, mtp_layers, model_dtype)
 
     def train(self, factory: str, cache_root: Path, train_cfg) -> tuple[Path, bool]:
         from nvfp4stack.models.deepseek_v3.tiny import ensure_trained_tiny_v3

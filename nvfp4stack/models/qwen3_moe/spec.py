@@ -10,8 +10,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from nvfp4stack.models.family import TensorGroup
-
-DEFAULT_BLOCK = 16   # vLLM's CacheConfig block size on GPUs when --block-size is not given
+from nvfp4stack.plan.kv_cache import DEFAULT_BLOCK
 
 
 def num_experts(hf: dict) -> int:
@@ -64,21 +63,6 @@ def qwen3_moe_tensor_groups(hf: dict) -> Iterator[TensorGroup]:
     yield TensorGroup("lm_head", (V, H), "head")
 
 
-def kv_bytes_per_element(kv_dtype: str, model_dtype: str = "bfloat16") -> tuple[str, int]:
-    """(stored dtype, bytes) of one K or V element for ``--kv-cache-dtype``; auto stores the dtype the
-    engine runs the model in, ``model_dtype``."""
-    if kv_dtype in ("auto", None):
-        kv_dtype = model_dtype
-    if kv_dtype in ("fp8", "fp8_e4m3", "fp8_e5m2"):
-        return kv_dtype, 1
-    if kv_dtype in ("bfloat16", "float16", "half"):
-        return kv_dtype, 2
-    if kv_dtype == "float32":
-        return kv_dtype, 4
-    raise ValueError(f"engine.kv_cache_dtype={kv_dtype!r}: Qwen3-MoE's paged K/V cache is stored as auto "
-                     "(the model dtype), bfloat16, float16, fp8, fp8_e4m3 or fp8_e5m2; pick one of those")
-
-
 def kv_heads_per_gpu(hf: dict, tp: int) -> int:
     """K/V heads one tensor-parallel rank caches: vLLM splits them over TP ranks and replicates them
     once TP exceeds their count (``max(1, num_kv_heads // tp)``, QKVParallelLinear)."""
@@ -89,7 +73,7 @@ def qwen3_moe_cache_lines(hf: dict, kv_dtype: str, block_size: int | None, tp: i
                           model_dtype: str | None = None):
     """``(stored dtype, [CacheLine])``: one paged K and V row per token per layer (full attention);
     ``model_dtype``: the dtype the engine runs the model in (None: ``--dtype auto``'s, from ``hf``)."""
-    from nvfp4stack.plan.kv_cache import CacheLine
+    from nvfp4stack.plan.kv_cache import CacheLine, kv_bytes_per_element
     from nvfp4stack.plan.kv_cache import model_dtype as auto_dtype
 
     stored, elem = kv_bytes_per_element(kv_dtype, model_dtype or auto_dtype("auto", hf))

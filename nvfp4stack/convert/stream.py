@@ -207,7 +207,8 @@ def convert_checkpoint(src: str | Path, dst: str | Path, choose: Chooser | Mappi
     reader = ShardedReader(src)
     units, unknown = plan_units(reader.names(), choose)
     digest = _plan_digest(reader, units, max_shard_bytes)
-    problems = input_problems(src, _unit_sources(units) if sources is None else sources, unknown, unknown_tensors)
+    problems = input_problems(src, _unit_sources(units) if sources is None else sources, unknown, unknown_tensors,
+                              reader.infos)
     if problems:
         more = (f" (+{len(problems) - 1} more; 'python main.py doctor checkpoint={src}' lists every finding)"
                 if len(problems) > 1 else "")

@@ -31,12 +31,14 @@ _ORDER = ("header", "truncated", "duplicate", "index", "files", "json", "experts
           "unknown", "format", "missing", "dtype", "shape", "extra")
 
 
-def input_problems(src: Path, sources: Mapping[str, Scheme], unknown: list[str], unknown_tensors: str) -> list[str]:
+def input_problems(src: Path, sources: Mapping[str, Scheme], unknown: list[str], unknown_tensors: str,
+                   indexed: Mapping[str, TensorInfo] | None = None) -> list[str]:
     """Every problem of checkpoint ``src`` that its converted output would inherit, one line each
     (tensor, shard, found, expected, fix), root causes first; [] when it may be converted.
 
     ``sources``: group -> the scheme the plan (or a rule's converter) reads it as. ``unknown``:
-    tensors no plan rule names, refused unless ``unknown_tensors`` is 'keep'."""
+    tensors no plan rule names, refused unless ``unknown_tensors`` is 'keep'. ``indexed``: where the
+    index puts each tensor, to name the shard of one whose header entry is unreadable."""
     report = DoctorReport(str(src))
     tensors = read_checkpoint(src, report)
     cfg = _source_config(src, report)
@@ -51,8 +53,8 @@ def input_problems(src: Path, sources: Mapping[str, Scheme], unknown: list[str],
                 and f.check != _CONFIG_FIELDS
                 and not (f.check == "extra" and f.where in kept)]
     findings.sort(key=lambda f: _ORDER.index(f.check) if f.check in _ORDER else len(_ORDER))
-    groups = by_group(tensors)
-    return [_line(f, tensors, groups) for f in findings]
+    groups, known = by_group(tensors), {**(indexed or {}), **tensors}
+    return [_line(f, known, groups) for f in findings]
 
 
 def _source_config(src: Path, report: DoctorReport) -> dict | None:

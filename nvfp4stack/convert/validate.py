@@ -9,6 +9,8 @@ Headers only: no tensor data is read, so this stays cheap on a 150 GB checkpoint
 from __future__ import annotations
 
 import json
+import os
+from bisect import bisect_left
 from pathlib import Path
 from typing import Mapping
 
@@ -54,7 +56,8 @@ def input_problems(src: Path, sources: Mapping[str, Scheme], unknown: list[str],
                 and not (f.check == "extra" and f.where in kept)]
     findings.sort(key=lambda f: _ORDER.index(f.check) if f.check in _ORDER else len(_ORDER))
     groups, known = by_group(tensors), {**(indexed or {}), **tensors}
-    return [_line(f, known, groups) for f in findings]
+    names = sorted(known)
+    return [_line(f, known, groups, names) for f in findings]
 
 
 def _source_config(src: Path, report: DoctorReport) -> dict | None:
@@ -101,12 +104,16 @@ def _refuse_unknown(unknown: list[str], tensors: dict[str, TensorInfo], report: 
                  "it unchanged")
 
 
-def _line(f: Finding, tensors: dict[str, TensorInfo], groups: dict[str, dict[str, TensorInfo]]) -> str:
-    """The finding as one line, with the shard that holds its tensor (or group)."""
+def _line(f: Finding, tensors: dict[str, TensorInfo], groups: dict[str, dict[str, TensorInfo]],
+          names: list[str]) -> str:
+    """The finding as one line, with the shard that holds its tensor (or group); a missing tensor
+    names the shard holding its nearest neighbour by name, where it would have been."""
     where = f.where
     info = tensors.get(where) or next(iter(groups.get(where, {}).values()), None)
     if info is not None:
         where = f"{where} (in {info.file.name})"
-    elif f.check == "missing":
-        where = f"{where} (in no shard)"
+    elif f.check == "missing" and names:
+        i = bisect_left(names, where)
+        near = max(names[max(i - 1, 0):i + 1], key=lambda n: len(os.path.commonprefix([n, where])))
+        where = f"{where} (absent from every shard; {near} is in {tensors[near].file.name})"
     return f"{where}: {f.check}: found {f.found}; expected {f.expected}. Fix: {f.fix}"

@@ -51,7 +51,8 @@ def _shard(src: Path) -> str:
 def test_a_missing_tensor_is_refused(root, tmp_path, layout, name, overrides):
     src = remove_tensor(root / layout, tmp_path / "src", name)
     first = _refused(tmp_path, src, *overrides)
-    assert first.startswith(f"{name} (in no shard): missing: found absent; expected "), first
+    assert first.startswith(f"{name} (absent from every shard; "), first
+    assert f" is in {_shard(src)}): missing: found absent; expected " in first
 
 
 def test_an_expert_stored_bf16_where_the_plan_reads_mxfp4_is_refused(root, tmp_path):
@@ -124,5 +125,5 @@ def test_cli_exits_2_with_one_line(root, tmp_path):
                        cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert r.returncode == 2, r.stderr
     lines = [line for line in r.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and f"{name} (in no shard): missing" in lines[0], r.stderr
+    assert len(lines) == 1 and f"{name} (absent from every shard; " in lines[0], r.stderr
     assert not (tmp_path / "out").exists() and not (tmp_path / ".out.tmp").exists()

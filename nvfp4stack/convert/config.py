@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-UNKNOWN_POLICIES = ("passthrough", "error")
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -17,16 +16,18 @@ class ConvertConfig:
     src: str = ""
     dst: str = ""
     overwrite: bool = False
-    unknown_tensors: str = "passthrough"
+    unknown_tensors: str = "refuse"   # refuse | keep (copied unchanged)
     max_shard_bytes: int = 4 << 30
     device: str = "auto"
     rules: list = field(default_factory=list)
     hf_quant_config: dict = field(default_factory=dict)
 
     def __post_init__(self):
+        from nvfp4stack.convert.validate import UNKNOWN_POLICIES
+
         if self.unknown_tensors not in UNKNOWN_POLICIES:
-            raise ValueError(f"convert.unknown_tensors: expected one of {UNKNOWN_POLICIES}, found "
-                             f"{self.unknown_tensors!r}; set convert.unknown_tensors=passthrough")
+            raise ValueError(f"convert.unknown_tensors: expected one of {', '.join(UNKNOWN_POLICIES)}, found "
+                             f"{self.unknown_tensors!r}; set convert.unknown_tensors=refuse (the default) or keep")
         if self.device not in DEVICES:
             raise ValueError(f"convert.device: expected one of {DEVICES}, found {self.device!r}; "
                              "set convert.device=auto")

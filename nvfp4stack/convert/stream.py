@@ -10,6 +10,8 @@ and report follow, the manifest (sha256 per file) last, then the directory is re
 the journal stays until then, so a kill during that finalize keeps every shard too. An existing
 ``dst`` is called complete only after its shards are checked against their headers, and only a
 directory a convert wrote is ever replaced. The free space is checked before the first shard.
+Before anything is written the input passes the doctor's header-only checks (``validate``): a
+checkpoint the doctor would reject after conversion is refused with nothing written.
 """
 from __future__ import annotations
 
@@ -32,6 +34,8 @@ from nvfp4stack.checkpoint.safetensors_io import (DTYPES, INDEX_NAME, ShardedRea
                                                   shard_name, write_index)
 from nvfp4stack.checkpoint.side_files import copy_side_files, side_files
 from nvfp4stack.convert import CONVERTERS
+from nvfp4stack.convert.validate import KEEP, REFUSE, input_problems
+from nvfp4stack.schemes import Scheme
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +108,8 @@ def plan_units(names: list[str], choose: Chooser) -> tuple[list[Unit], list[str]
         if module not in decided:
             decided[module] = choose(module)
         conv = decided[module]
+        if conv is None and choose(name) == PASSTHROUGH:
+            conv = PASSTHROUGH  # a parameter stored without a suffix (attn_sink) is a group of its own
         if conv is None:
             unknown.append(name)
             conv = PASSTHROUGH
@@ -116,6 +122,16 @@ def plan_units(names: list[str], choose: Chooser) -> tuple[list[Unit], list[str]
             key, local = (conv, module), suffix
         units.setdefault(key, Unit(key[0], key[1])).members.append((name, local))
     return list(units.values()), unknown
+
+
+def _unit_sources(units: list[Unit]) -> dict[str, Scheme]:
+    """group -> the format its converter reads (a converter fusing modules reads several: skipped)."""
+    out = {}
+    for u in units:
+        conv = CONVERTERS.get(u.converter) if u.converter != PASSTHROUGH else None
+        if conv is not None and not getattr(conv, "spans_modules", False):
+            out[u.prefix] = conv.source
+    return out
 
 
 def _join(prefix: str, key: str) -> str:
@@ -172,15 +188,18 @@ def resolve_device(device: str) -> torch.device:
 
 
 def convert_checkpoint(src: str | Path, dst: str | Path, choose: Chooser | Mapping[str, str] | list, *,
-                       unknown_tensors: str = PASSTHROUGH, overwrite: bool = False,
+                       unknown_tensors: str = REFUSE, sources: Mapping[str, Scheme] | None = None,
+                       overwrite: bool = False,
                        max_shard_bytes: int = 4 << 30, device: str = "auto",
                        config: dict | None = None, hf_quant_config: dict | None = None,
                        progress: bool = True) -> dict:
     """Convert checkpoint ``src`` into ``dst``; returns the report written to convert_report.json.
 
-    choose(module) -> converter name, 'passthrough', or None (unknown: handled per
-    ``unknown_tensors``). A mapping or 'glob=converter' list is taken as glob rules. ``config`` replaces config.json
-    (default: the source's, copied); ``hf_quant_config`` is written when given.
+    choose(module) -> converter name, 'passthrough', or None (unknown: refused, or copied unchanged
+    when ``unknown_tensors`` is 'keep'). A mapping or 'glob=converter' list is taken as glob rules.
+    ``sources``: group -> the scheme the plan reads it as (default: each converter's source format).
+    ``config`` replaces config.json (default: the source's, copied); ``hf_quant_config`` is written
+    when given. Raises ConvertRefused, with nothing written, when the input fails the pre-flight.
     """
     src, dst = Path(src), Path(dst)
     if not callable(choose):
@@ -188,6 +207,12 @@ def convert_checkpoint(src: str | Path, dst: str | Path, choose: Chooser | Mappi
     reader = ShardedReader(src)
     units, unknown = plan_units(reader.names(), choose)
     digest = _plan_digest(reader, units, max_shard_bytes)
+    problems = input_problems(src, _unit_sources(units) if sources is None else sources, unknown, unknown_tensors,
+                              reader.infos)
+    if problems:
+        more = (f" (+{len(problems) - 1} more; 'python main.py doctor checkpoint={src}' lists every finding)"
+                if len(problems) > 1 else "")
+        raise ConvertRefused(f"convert.src: {src} is not a valid input, nothing was written: {problems[0]}{more}")
     side, left_behind = side_files(src)  # refuses a config/tokenizer linking out before any write
     tmp = dst.with_name(f".{dst.name}.tmp")
     replace = _check_destination(dst, digest, overwrite)
@@ -196,12 +221,9 @@ def convert_checkpoint(src: str | Path, dst: str | Path, choose: Chooser | Mappi
     if left_behind:
         log.warning("%s: not copied into the output (not a config, tokenizer, license or read-me file): %s",
                     src, ", ".join(left_behind))
-    if unknown:
-        msg = (f"{len(unknown)} tensor(s) matched no plan rule: {', '.join(unknown[:20])}"
-               f"{' ...' if len(unknown) > 20 else ''}")
-        if unknown_tensors == "error":
-            raise ValueError(f"{msg}. Add rules for them, or set convert.unknown_tensors=passthrough")
-        log.warning("%s; copying them unchanged (convert.unknown_tensors=passthrough)", msg)
+    if unknown:  # kept (input_problems refuses them otherwise): the user asked for it
+        log.warning("%d tensor(s) matched no plan rule: %s%s; copying them unchanged (convert.unknown_tensors=%s)",
+                    len(unknown), ", ".join(unknown[:20]), " ..." if len(unknown) > 20 else "", KEEP)
     converters = {c: CONVERTERS.get(c)() for c in sorted({u.converter for u in units} - {PASSTHROUGH})}
     dev = resolve_device(device)
 

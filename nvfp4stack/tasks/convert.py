@@ -40,17 +40,19 @@ def chooser_from_plan(plan):
 
 
 def chooser_for(cfg, src: Path):
-    """(chooser, config.json to write or None): convert.rules when given (config copied as is);
-    otherwise the plan of this config, with the config fix-ups its targets need."""
+    """(chooser, config.json to write or None, group -> source scheme or None): convert.rules when
+    given (config copied as is, each rule's converter says what it reads); otherwise the plan of
+    this config, with the config fix-ups its targets need and the source format of every group."""
     from nvfp4stack.convert.stream import chooser_from_rules
 
     rules = _plain(cfg.convert.rules)
     if rules:  # a list of 'glob=converter' (or a mapping, from Python callers)
-        return chooser_from_rules(rules), None
+        return chooser_from_rules(rules), None, None
     from nvfp4stack.plan.build import plan_for_config
 
     plan = plan_for_config(cfg)
-    return chooser_from_plan(plan), planned_config(cfg, plan, src)
+    sources = {g.name: g.source for g in plan.groups}
+    return chooser_from_plan(plan), planned_config(cfg, plan, src), sources
 
 
 def planned_config(cfg, plan, src: Path) -> dict | None:
@@ -97,17 +99,17 @@ def run(cfg) -> int:
     if not str(src) or not src.is_dir():
         raise FileNotFoundError(f"convert.src: expected a checkpoint directory, found {str(src)!r}; set "
                                 "convert.src=DIR (or model.path)")
-    choose, config = chooser_for(cfg, src)
+    choose, config, sources = chooser_for(cfg, src)
     dst = Path(c.dst).expanduser() if c.dst else default_dst(cfg, src, choose)
     print(f"convert: {src} -> {dst}", flush=True)
     report = convert_checkpoint(
-        src, dst, choose, config=config, unknown_tensors=c.unknown_tensors,
+        src, dst, choose, config=config, unknown_tensors=c.unknown_tensors, sources=sources,
         overwrite=c.overwrite, max_shard_bytes=int(c.max_shard_bytes), device=c.device,
         hf_quant_config=_plain(c.hf_quant_config) or None)
     if report.get("already_complete"):
         return 0
     print(f"convert: wrote {dst}: {report['shards']} shard(s), {len(report['unknown_tensors'])} unknown "
-          f"tensor(s) passed through", flush=True)
+          f"tensor(s) kept unchanged", flush=True)
     log.info("converter report %s", clip(json.dumps(report["converters"]), 500, dst / REPORT))
     return 0
 

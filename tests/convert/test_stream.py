@@ -69,7 +69,7 @@ def test_convert_layout_and_numerics(tmp_path, seed):
     rules = {k: v for k, v in RULES.items() if k != "*"}
     rules.update({"embed": "passthrough", "*.ape": "passthrough", "*.compressor": "passthrough"})
     dst = tmp_path / "out"
-    rep = convert_checkpoint(src, dst, rules, max_shard_bytes=200_000, progress=False,
+    rep = convert_checkpoint(src, dst, rules, unknown_tensors="keep", max_shard_bytes=200_000, progress=False,
                              hf_quant_config={"quant_algo": "MIXED_PRECISION"})
     assert rep["unknown_tensors"] == ["mystery.blob"]
     out = {}
@@ -91,10 +91,10 @@ def test_convert_layout_and_numerics(tmp_path, seed):
     assert (dst / "tokenizer.json").exists() and (dst / "hf_quant_config.json").exists()
     assert not (tmp_path / ".out.tmp").exists()
     with pytest.raises(FileExistsError, match="convert.overwrite=true"):
-        convert_checkpoint(src, dst, rules, progress=False)
+        convert_checkpoint(src, dst, rules, unknown_tensors="keep", progress=False)
     with pytest.raises(ValueError, match="mystery.blob"):
-        convert_checkpoint(src, tmp_path / "out2", rules, unknown_tensors="error", progress=False)
-    convert_checkpoint(src, dst, rules, overwrite=True, max_shard_bytes=200_000, progress=False,
+        convert_checkpoint(src, tmp_path / "out2", rules, progress=False)  # refused by default
+    convert_checkpoint(src, dst, rules, unknown_tensors="keep", overwrite=True, max_shard_bytes=200_000, progress=False,
                        hf_quant_config={"quant_algo": "MIXED_PRECISION"})
     assert manifest == json.loads((dst / "manifest.json").read_text())  # deterministic
 

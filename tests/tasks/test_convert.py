@@ -39,8 +39,8 @@ def test_run_converts_reruns_and_refuses_a_different_plan(tmp_path, monkeypatch,
     with pytest.raises(FileExistsError, match="convert.overwrite=true"):
         task.run(fixed)
     assert task.run(cfg_for(tmp_path, rules=["*=passthrough"], dst=str(outs[0]), overwrite=True)) == 0
-    with pytest.raises(ValueError, match="convert.unknown_tensors=passthrough"):
-        task.run(cfg_for(tmp_path, rules=["*.experts.*=bf16_to_nvfp4"], unknown_tensors="error", dst="o2"))
+    with pytest.raises(ValueError, match="convert.unknown_tensors=keep"):
+        task.run(cfg_for(tmp_path, rules=["*.experts.*=bf16_to_nvfp4"], dst="o2"))
     cfg.model.path = str(tmp_path / "missing")
     with pytest.raises(FileNotFoundError, match="model.path='.*missing': no such directory"):  # the key set
         task.run(cfg)

@@ -7,6 +7,7 @@ same role use decides what a group with missing tensors should have held, so a l
 """
 from __future__ import annotations
 
+import re
 from collections import Counter, defaultdict
 
 from nvfp4stack.doctor.files import by_group, sniff
@@ -18,6 +19,7 @@ from nvfp4stack.schemes import Scheme
 
 FP8_BLOCK = 128
 _UE8M0 = {"F8_E8M0", "U8"}
+_EXPERT_ID = re.compile(r"^layers\.\d+\.ffn\.experts\.(\d+)\.")
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -64,8 +66,22 @@ def _stored_name(group: str, suffix: str) -> str:
     return f"{group}.{suffix}" if suffix else group
 
 
+def check_expert_count(config: dict, tensors: dict[str, TensorInfo], report: DoctorReport) -> None:
+    """config.json's n_routed_experts against the experts the shards hold: one root finding, before
+    the missing or extra expert tensors that follow from it."""
+    ids = {int(m.group(1)): name for name in tensors if (m := _EXPERT_ID.match(name))}
+    n = config.get("n_routed_experts")
+    if not ids or not isinstance(n, int) or max(ids) + 1 == n:
+        return
+    held, last = max(ids) + 1, ids[max(ids)]
+    report.error("experts", "config.json:n_routed_experts", n,
+                 f"{held}, the experts the shards hold (0..{held - 1}: {last} is in {tensors[last].file.name})",
+                 f"set n_routed_experts: {held} in config.json, or use the config.json these shards came with")
+
+
 def check_structure(config: dict, tensors: dict[str, TensorInfo], report: DoctorReport) -> dict[str, Scheme]:
     """Missing / extra tensors, shape and dtype mismatches. Returns group -> expected scheme."""
+    check_expert_count(config, tensors, report)
     if "num_hash_layers" not in config and "mlp_layer_types" not in config:
         # the config check reports the missing key; the structure follows what the shards show
         hashed = {n.split(".")[1] for n in tensors if n.startswith("layers.") and n.endswith(".ffn.gate.tid2eid")}

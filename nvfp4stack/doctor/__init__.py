@@ -92,16 +92,16 @@ def _no_load_check(family, loadable: bool, mode: str, report: DoctorReport) -> s
 def _check_plan(plan, report: DoctorReport) -> None:
     """Groups the plan would still convert are not in their served format yet, unless `serve` casts
     them at load (the release's MXFP4 experts on our kernels: engine/moe_cast_method.py)."""
-    from nvfp4stack.engine.plan_section import engine_plan_from_plan
+    from nvfp4stack.engine.plan_section import cast_at_load
 
-    casts = {role: e["cast"] for role, e in engine_plan_from_plan(plan).roles.items() if e.get("cast")}
     pending: dict[tuple, list[str]] = {}
     for g in plan.groups:
         if g.converter:
-            pending.setdefault((g.role, g.source.value, g.target.value, g.converter), []).append(g.name)
-    for (role, src, dst, conv), names in sorted(pending.items()):
+            key = (g.role, g.source.value, g.target.value, g.converter, cast_at_load(g) is not None)
+            pending.setdefault(key, []).append(g.name)
+    for (role, src, dst, conv, at_load), names in sorted(pending.items()):
         where = f"{names[0]} (+{len(names) - 1} more {role})"
-        if casts.get(role) == conv:
+        if at_load:
             report.note(f"plan: {where} stored {src}: serve casts them to {dst} at load ({conv} inside the "
                                 "plugin, the bytes `convert` would write); no convert needed")
             continue

@@ -159,7 +159,7 @@ def engine_plan_from_plan(plan, *, fp8_prefill: bool = False, mtp_draft: bool = 
         entry = {"scheme": g.served.value, "kernel": g.kernel}
         if g.role in MOE_ROLES and fp8_prefill and g.kernel == FP8_PREFILL_KERNEL and not g.mtp:
             entry["fp8_prefill"] = True
-        if _cast_at_load(g) and g.served is Scheme.NVFP4_W4A16:   # W4A4 needs activation scales: load_time_refusal
+        if cast_at_load(g):   # W4A4 needs activation scales: load_time_refusal
             entry["cast"] = g.converter
         if g.mtp:
             if mtp_draft:
@@ -194,8 +194,15 @@ def engine_plan_from_plan(plan, *, fp8_prefill: bool = False, mtp_draft: bool = 
 def _cast_at_load(g) -> bool:
     """Routed experts stored in a format the plugin casts at load, served on one of our kernels (vLLM's
     own kernels load what their own methods take)."""
-    return (g.role in MOE_ROLES and getattr(g, "converter", None) in LOAD_TIME_CASTS
-            and _own({"scheme": g.served.value, "kernel": g.kernel}, "moe") is not None)
+    served, kernel = getattr(g, "served", None), getattr(g, "kernel", None)
+    return (g.role in MOE_ROLES and getattr(g, "converter", None) in LOAD_TIME_CASTS and served is not None
+            and kernel is not None and _own({"scheme": served.value, "kernel": kernel}, "moe") is not None)
+
+
+def cast_at_load(g) -> str | None:
+    """The converter the plugin runs on this group while vLLM loads it (so `serve` takes the source as
+    it is), or None."""
+    return g.converter if _cast_at_load(g) and g.served is Scheme.NVFP4_W4A16 else None
 
 
 def load_time_refusal(plan) -> str | None:

@@ -45,15 +45,27 @@ def test_transformers_reads_it(model_dir):
 
 
 def test_vllm_reads_every_field_its_dsv4_uses(model_dir):
+    """In a child process: vLLM's get_config registers its own DeepseekV4Config with transformers'
+    AutoConfig, which would change what later tests of this process read."""
     pytest.importorskip("vllm")
-    from vllm.transformers_utils.config import get_config
+    import json
+    import subprocess
+    import sys
 
-    c = get_config(str(model_dir), trust_remote_code=False)
-    assert type(c).__module__ == "vllm.transformers_utils.configs.deepseek_v4"
-    missing = [k for k in (*REQUIRED, "compress_ratios", "rope_parameters") if getattr(c, k, None) is None]
-    assert missing == []
-    assert c.hidden_act == "silu" and c.tie_word_embeddings is False
-    assert c.rope_parameters["rope_type"] == "yarn" and c.rope_parameters["factor"] == 16
+    code = ("import json, sys; from vllm.transformers_utils.config import get_config\n"
+            "c = get_config(sys.argv[1], trust_remote_code=False)\n"
+            "keys = json.loads(sys.argv[2])\n"
+            "print(json.dumps({'module': type(c).__module__, 'missing': [k for k in keys if getattr(c, k, None) is None],"
+            " 'hidden_act': c.hidden_act, 'tie': c.tie_word_embeddings, 'rope': c.rope_parameters}))")
+    keys = [*REQUIRED, "compress_ratios", "rope_parameters"]
+    r = subprocess.run([sys.executable, "-c", code, str(model_dir), json.dumps(keys)], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    c = json.loads(r.stdout.strip().splitlines()[-1])
+    assert c["module"] == "vllm.transformers_utils.configs.deepseek_v4"
+    assert c["missing"] == []
+    assert c["hidden_act"] == "silu" and c["tie"] is False
+    assert c["rope"]["rope_type"] == "yarn" and c["rope"]["factor"] == 16
 
 
 def test_doctor_config_check_passes(model_dir):

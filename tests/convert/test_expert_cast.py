@@ -100,3 +100,21 @@ def test_refuses_what_is_not_vllms_mxfp4_layout():
     w13, s13, w2, s2 = _experts(0, 4)
     with pytest.raises(ValueError, match=r"w13: expected stacked MXFP4 experts.*float8_e4m3fn"):
         cast_stacked_experts(w13, s13.view(torch.float8_e4m3fn), w2, s2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: the load-time cast's Triton path")
+@pytest.mark.parametrize("spread", [6, 24])
+def test_cuda_cast_equals_the_cpu_cast(spread):
+    """On the GPU the cast takes the fused Triton scale passes (given tops included: the TP path);
+    the bytes must be the CPU torch path's, expert by expert."""
+    w13, s13, w2, s2 = _experts(100 + spread, spread)
+    want13, want2, _ = cast_stacked_experts(w13.clone(), s13.clone(), w2.clone(), s2.clone(), chunk=4)
+    for reduce_top in (None, lambda t: None):   # a given top equal to the tensor's own
+        got13, got2, _ = cast_stacked_experts(w13.cuda(), s13.cuda(), w2.cuda(), s2.cuda(), reduce_top=reduce_top,
+                                              chunk=4)
+        for got, want in ((got13, want13), (got2, want2)):
+            assert got.data.is_cuda
+            assert torch.equal(got.data.cpu(), want.data)
+            assert torch.equal(got.scale.cpu().view(torch.uint8), want.scale.view(torch.uint8))
+            assert torch.equal(got.global_scale.cpu(), want.global_scale)

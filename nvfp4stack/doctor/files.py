@@ -7,7 +7,7 @@ import struct
 from collections import defaultdict
 from pathlib import Path
 
-from nvfp4stack.checkpoint.safetensors_io import DTYPES, INDEX_NAME, TensorInfo
+from nvfp4stack.checkpoint.safetensors_io import DTYPES, INDEX_NAME, TensorInfo, check_inside
 from nvfp4stack.doctor.report import DoctorReport
 from nvfp4stack.plan.groups import group_name
 from nvfp4stack.schemes import Scheme
@@ -90,6 +90,12 @@ def read_checkpoint(ckpt: Path, report: DoctorReport) -> dict[str, TensorInfo]:
     broken: set[str] = set()   # shards whose header could not be read
     for f in files:
         before = len(report.errors)
+        try:   # a checkpoint is untrusted: no header is read through a link that leaves it
+            check_inside(ckpt, f, f.name)
+        except ValueError as e:
+            report.error("path", f.name, "a link out of the checkpoint directory", "a file inside it", str(e))
+            broken.add(f.name)
+            continue
         infos = read_shard(f, report)
         if not infos and len(report.errors) > before:
             broken.add(f.name)

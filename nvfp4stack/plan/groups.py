@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 from typing import Iterator
 
-from nvfp4stack.checkpoint.safetensors_io import read_header
+from nvfp4stack.checkpoint.safetensors_io import check_inside, read_header
 from nvfp4stack.models.family import TensorGroup
 from nvfp4stack.plan.roles import is_mtp, non_matrix_roles, role_of
 from nvfp4stack.schemes import Scheme
@@ -30,6 +30,7 @@ def checkpoint_tensors(ckpt: Path) -> dict[str, dict]:
         raise FileNotFoundError(f"{ckpt}: no *.safetensors files; point model.path / checkpoint at a checkpoint dir")
     out: dict[str, dict] = {}
     for f in files:
+        check_inside(ckpt, f, f.name)   # a checkpoint is untrusted: no header read through a link out of it
         for name, info in read_header(f)[0].items():
             out[name] = {"dtype": info["dtype"], "shape": tuple(info["shape"]), "file": f.name}
     return out

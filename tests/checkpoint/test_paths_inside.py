@@ -110,3 +110,20 @@ def test_links_that_stay_inside_are_read(ckpt, tmp_path, seed):
     r = ShardedReader(snap)
     assert set(r.names()) == set(_tensors(seed))
     assert torch.equal(r.get("layers.0.attn.wq_a.weight"), _tensors(seed)["layers.0.attn.wq_a.weight"])
+
+
+def test_doctor_and_planner_read_no_header_through_a_link_out(ckpt, tmp_path):
+    """A stray *.safetensors beside the shards that links out of the checkpoint: the doctor reports it
+    (check 'path') without reading it, and the planner's header scan refuses it."""
+    from nvfp4stack.doctor.files import read_checkpoint
+    from nvfp4stack.doctor.report import DoctorReport
+    from nvfp4stack.plan.groups import checkpoint_tensors
+
+    os.symlink(tmp_path / "elsewhere" / "x.safetensors", ckpt / "stray.safetensors")
+    report = DoctorReport(str(ckpt))
+    tensors = read_checkpoint(ckpt, report)
+    bad = [f for f in report.errors if f.check == "path"]
+    assert [f.where for f in bad] == ["stray.safetensors"] and "outside the checkpoint directory" in bad[0].fix
+    assert all(info.file.name != "stray.safetensors" for info in tensors.values())
+    with pytest.raises(ValueError, match=r"stray.safetensors: .*links to .*outside the checkpoint directory"):
+        checkpoint_tensors(ckpt)

@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from pathlib import Path
+
+from nvfp4stack.schemes import Scheme
 
 log = logging.getLogger(__name__)
 
@@ -40,19 +43,34 @@ def chooser_from_plan(plan):
 
 
 def chooser_for(cfg, src: Path):
-    """(chooser, config.json to write or None, group -> source scheme or None): convert.rules when
-    given (config copied as is, each rule's converter says what it reads); otherwise the plan of
-    this config, with the config fix-ups its targets need and the source format of every group."""
+    """(chooser, config.json to write or None, group -> source scheme or None, plan or None):
+    convert.rules when given (config copied as is, each rule's converter says what it reads);
+    otherwise the plan of this config, with the config fix-ups its targets need and the source
+    format of every group."""
     from nvfp4stack.convert.stream import chooser_from_rules
 
     rules = _plain(cfg.convert.rules)
     if rules:  # a list of 'glob=converter' (or a mapping, from Python callers)
-        return chooser_from_rules(rules), None, None
+        return chooser_from_rules(rules), None, None, None
     from nvfp4stack.plan.build import plan_for_config
 
     plan = plan_for_config(cfg)
     sources = {g.name: g.source for g in plan.groups}
-    return chooser_from_plan(plan), planned_config(cfg, plan, src), sources
+    return chooser_from_plan(plan), planned_config(cfg, plan, src), sources, plan
+
+
+def activation_scale_gap(plan) -> str | None:
+    """One line when the plan serves routed experts W4A4 from a source that carries no activation
+    scales (BF16, the release's MXFP4): a data-free convert cannot write the input_scale that W4A4
+    needs, so doctor and serve will refuse the output. None otherwise."""
+    gaps = [g for g in plan.groups if g.role == "routed_experts" and g.converter and g.served is Scheme.NVFP4
+            and g.source in (Scheme.BF16, Scheme.MXFP4)]
+    if not gaps:
+        return None
+    return (f"the plan serves {len(gaps)} routed-expert group(s) W4A4 (nvfp4, e.g. {gaps[0].name}) from a "
+            f"{gaps[0].source.value} source, and a data-free convert writes no activation scales (input_scale): "
+            "doctor and serve refuse this output. Fix: precision.routed_experts=nvfp4_w4a16 (weight-only), or "
+            "python main.py ... quantize (modelopt calibration)")
 
 
 def planned_config(cfg, plan, src: Path) -> dict | None:
@@ -99,13 +117,16 @@ def run(cfg) -> int:
     if not str(src) or not src.is_dir():
         raise FileNotFoundError(f"convert.src: expected a checkpoint directory, found {str(src)!r}; set "
                                 "convert.src=DIR (or model.path)")
-    choose, config, sources = chooser_for(cfg, src)
+    choose, config, sources, plan = chooser_for(cfg, src)
     dst = Path(c.dst).expanduser() if c.dst else default_dst(cfg, src, choose)
     print(f"convert: {src} -> {dst}", flush=True)
     report = convert_checkpoint(
         src, dst, choose, config=config, unknown_tensors=c.unknown_tensors, sources=sources,
         overwrite=c.overwrite, max_shard_bytes=int(c.max_shard_bytes), device=c.device,
         hf_quant_config=_plain(c.hf_quant_config) or None)
+    gap = activation_scale_gap(plan) if plan is not None else None
+    if gap:
+        print(f"convert: warning: {gap}", file=sys.stderr, flush=True)
     if report.get("already_complete"):
         return 0
     print(f"convert: wrote {dst}: {report['shards']} shard(s), {len(report['unknown_tensors'])} unknown "

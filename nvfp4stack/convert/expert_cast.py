@@ -27,8 +27,9 @@ ReduceTop = Optional[Callable[[torch.Tensor], None]]   # in place on an int32 te
 
 
 def _cast(m: Mxfp4Tensor, reduce_top: ReduceTop) -> tuple[Nvfp4Tensor, int]:
-    top = top_exponents(m).to(torch.int32)          # [e]
-    if reduce_top is not None:
+    top = None   # one GPU or EP: mxfp4_to_nvfp4 finds the tops in its own pass over the codes
+    if reduce_top is not None:   # TP: the whole tensor's tops, all-reduced, before the scales are made
+        top = top_exponents(m).to(torch.int32)      # [e]
         reduce_top(top)
     q, report = mxfp4_to_nvfp4(m, top=top)
     return q, report["inexact_blocks"]

@@ -1,11 +1,17 @@
 """Client side of the DeepSeek-V4-Flash serve runs (issue #34), against a live vLLM OpenAI server.
 
 Greedy completions of 8 prompts (token ids, 1 to 600 long, drawn from a fixed seed inside the
-tokenizer's ids), 16 tokens each with the top logprob; then decode throughput at the given batch
-sizes (concurrent requests of --decode-tokens tokens, ignore_eos), --rounds rounds each, median and
-range. Standard library only (runs on the GPU host with the bundle's Python).
+tokenizer's ids), 16 tokens each with the top logprob; the same prompts scored teacher-forced
+(vLLM's `prompt_logprobs`: at every prompt position the logprob of the prompt's own next token and
+the top-1 token, so two servers are compared on the same inputs however early their greedy
+continuations part); 2k-token prefill latency (a fresh random prompt each round, so no prefix-cache
+hit); then decode throughput at the given batch sizes (concurrent requests of --decode-tokens tokens,
+ignore_eos; one untimed round per batch size first, so JIT compiles at a new size fall outside the
+timed rounds), --rounds rounds each, median and range. Standard library only (runs on the GPU host
+with the bundle's Python).
 
   python bench/dsv4_flash_run.py --base-url http://127.0.0.1:8011/v1 --model dsv4_flash --json OUT.json
+  python bench/dsv4_flash_run.py compare STOCK.json OURS.json
 """
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ import argparse
 import json
 import random
 import statistics
+import sys
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -26,7 +33,11 @@ def _post(url: str, body: dict, timeout: float = 600) -> dict:
         return json.loads(r.read())
 
 
-def prompts(seed: int = 0, lo: int = 300, hi: int = 2000) -> list[list[int]]:
+TOKEN_HI = 2000   # prompts draw token ids from [300, TOKEN_HI); --token-hi lowers it for small vocabularies
+
+
+def prompts(seed: int = 0, lo: int = 300, hi: int | None = None) -> list[list[int]]:
+    hi = hi or TOKEN_HI
     rng = random.Random(seed)
     return [[rng.randrange(lo, hi) for _ in range(n)] for n in PROMPT_LENGTHS]
 
@@ -43,6 +54,59 @@ def greedy(base: str, model: str, max_tokens: int) -> list[dict]:
     return out
 
 
+def teacher_forced(base: str, model: str) -> list[dict]:
+    out = []
+    for p in prompts():
+        if len(p) < 2:
+            continue
+        r = _post(f"{base}/completions", {"model": model, "prompt": p, "max_tokens": 1, "temperature": 0,
+                                          "prompt_logprobs": 1})
+        rows = r["choices"][0].get("prompt_logprobs") or r.get("prompt_logprobs") or []
+        own, top1 = [], []
+        for pos, row in enumerate(rows):
+            if not row:
+                continue
+            entries = {int(k): v for k, v in row.items()}
+            own.append(entries[p[pos]]["logprob"])
+            top1.append(min(entries, key=lambda t: entries[t]["rank"]))
+        out.append({"prompt_len": len(p), "own_logprob": own, "top1": top1})
+    return out
+
+
+def prefill_s(base: str, model: str, tokens: int, seed: int) -> float:
+    rng = random.Random(1000 + seed)
+    body = {"model": model, "prompt": [rng.randrange(300, TOKEN_HI) for _ in range(tokens)], "max_tokens": 1,
+            "temperature": 0}
+    t0 = time.perf_counter()
+    _post(f"{base}/completions", body)
+    return time.perf_counter() - t0
+
+
+def _stats(r: list[float]) -> dict:
+    return {"median": statistics.median(r), "min": min(r), "max": max(r), "rounds": r}
+
+
+def compare(a_path: str, b_path: str) -> int:
+    """Greedy equal prefixes and teacher-forced agreement of two runs' JSON files."""
+    a, b = (json.load(open(x)) for x in (a_path, b_path))
+    for ga, gb in zip(a["greedy"], b["greedy"]):
+        ta, tb = ga["token_ids"] or ga["tokens"], gb["token_ids"] or gb["tokens"]
+        same = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), min(len(ta), len(tb)))
+        print(f"greedy len {ga['prompt_len']:4d}: equal prefix {same:2d} of {len(ta)}; "
+              f"first-token logprob {ga['logprobs'][0]:.3f} vs {gb['logprobs'][0]:.3f}")
+    diffs, agree, n = [], 0, 0
+    for ta, tb in zip(a.get("teacher_forced", []), b.get("teacher_forced", [])):
+        diffs += [abs(x - y) for x, y in zip(ta["own_logprob"], tb["own_logprob"])]
+        agree += sum(x == y for x, y in zip(ta["top1"], tb["top1"]))
+        n += min(len(ta["top1"]), len(tb["top1"]))
+    if n:
+        diffs.sort()
+        print(f"teacher-forced, {n} positions: top-1 token equal at {agree} ({100 * agree / n:.1f}%); "
+              f"|delta logprob| of the prompt's own token: median {statistics.median(diffs):.4f}, "
+              f"p90 {diffs[int(0.9 * (len(diffs) - 1))]:.4f}, max {diffs[-1]:.4f} nats")
+    return 0
+
+
 def decode_tok_s(base: str, model: str, batch: int, tokens: int) -> float:
     body = {"model": model, "prompt": [400 + i for i in range(32)], "max_tokens": tokens, "temperature": 0,
             "ignore_eos": True}
@@ -54,6 +118,9 @@ def decode_tok_s(base: str, model: str, batch: int, tokens: int) -> float:
 
 
 def main() -> int:
+    global TOKEN_HI
+    if sys.argv[1:2] == ["compare"]:
+        return compare(*sys.argv[2:4])
     ap = argparse.ArgumentParser()
     ap.add_argument("--base-url", required=True)
     ap.add_argument("--model", required=True)
@@ -62,12 +129,22 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--decode-tokens", type=int, default=128)
     ap.add_argument("--greedy-tokens", type=int, default=16)
+    ap.add_argument("--prefill-tokens", type=int, default=2048, help="0 skips the prefill rounds")
+    ap.add_argument("--token-hi", type=int, default=2000)
     a = ap.parse_args()
-    res = {"greedy": greedy(a.base_url, a.model, a.greedy_tokens), "decode": {}}
-    decode_tok_s(a.base_url, a.model, 1, 8)   # warm the path once outside the timed rounds
+    TOKEN_HI = a.token_hi
+    res = {"greedy": greedy(a.base_url, a.model, a.greedy_tokens),
+           "teacher_forced": teacher_forced(a.base_url, a.model), "decode": {}}
+    if a.prefill_tokens:
+        prefill_s(a.base_url, a.model, a.prefill_tokens, seed=-1)   # untimed: compiles at this size
+        r = [prefill_s(a.base_url, a.model, a.prefill_tokens, seed=i) for i in range(a.rounds)]
+        res["prefill"] = {"tokens": a.prefill_tokens, **_stats(r)}
+        print(f"prefill {a.prefill_tokens} tokens: median {1000 * statistics.median(r):.1f} ms "
+              f"(min {1000 * min(r):.1f}, max {1000 * max(r):.1f})", flush=True)
     for b in (int(x) for x in a.batches.split(",")):
+        decode_tok_s(a.base_url, a.model, b, 8)   # untimed: JIT at a new batch size falls outside the rounds
         r = [decode_tok_s(a.base_url, a.model, b, a.decode_tokens) for _ in range(a.rounds)]
-        res["decode"][b] = {"median": statistics.median(r), "min": min(r), "max": max(r), "rounds": r}
+        res["decode"][b] = _stats(r)
         print(f"decode batch {b}: median {statistics.median(r):.1f} tok/s (min {min(r):.1f}, max {max(r):.1f})",
               flush=True)
     for g in res["greedy"]:

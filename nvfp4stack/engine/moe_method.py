@@ -101,6 +101,11 @@ class Nvfp4StackModelOptMoE(ModelOptNvFp4FusedMoE):
     def is_monolithic(self) -> bool:
         return False
 
+    def maybe_make_prepare_finalize(self, routing_tables=None):
+        # vLLM 0.26 asks every MoE layer for a modular kernel whenever the EP group has more than one
+        # rank (TP=2 alone is enough); ModelOptNvFp4FusedMoE raises there. Ours has none: apply runs it.
+        return None
+
     @property
     def supports_eplb(self) -> bool:
         return False

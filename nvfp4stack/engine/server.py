@@ -28,6 +28,21 @@ def log_tail(path: Path, lines: int = 40) -> str:
         return "(no log)"
 
 
+def check_port_free(host: str, port: int) -> None:
+    """ValueError (exit 2) when something already listens on ``host:port``: vLLM's child would fail to
+    bind and exit, while the health check, asking the same address, would take the other server's
+    answers for its own (an H200 bench once measured a stale server this way)."""
+    import socket
+
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as uvicorn does: TIME_WAIT is no conflict
+        try:
+            s.bind((host, int(port)))
+        except OSError as e:
+            raise ValueError(f"engine.port={port}: {host}:{port} is already in use ({e.strerror}), probably by "
+                             f"a server still running; stop it, or set engine.port to a free port") from None
+
+
 def launch(argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     """Start ``argv`` in a new session with stdout+stderr appended to ``log_path``."""
     log_path = Path(log_path)

@@ -177,6 +177,7 @@ def serving(cfg, *, log_name: str = "vllm_server.log"):
     env = server_env(cfg, key)
     log_path = Path(cfg.run_dir) / log_name
     base_url = f"http://{engine.host}:{engine.port}/v1"
+    server.check_port_free(engine.host, engine.port)
     t0 = time.monotonic()
     proc = server.launch(argv, log_path, env)
     try:
@@ -226,6 +227,7 @@ def run(cfg) -> int:
     env = server_env(cfg, key)
     log_path = run_dir / "vllm_server.log"
     base_url = f"http://{engine.host}:{engine.port}/v1"
+    server.check_port_free(engine.host, engine.port)
     print(f"[serve] {cli}\n[serve] log: {log_path}", flush=True)
     t0 = time.monotonic()
     proc = server.launch(argv, log_path, env)

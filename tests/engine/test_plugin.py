@@ -329,3 +329,19 @@ def test_engine_plan_carries_fp8_prefill_for_triton_w4a16_only():
         engine_plan_for(compose_config("recipe=dsv4_b200", "backend.moe_fp8_prefill=true", "run_dir=/tmp/x"))
     with pytest.raises(ValueError, match="expected keys scheme, kernel"):
         EnginePlan({"routed_experts": {"scheme": "nvfp4", "kernel": "triton_w4a16", "fp8": True}})
+
+
+def test_moe_methods_offer_vllm_no_modular_kernel(registered):
+    """vLLM 0.26 calls maybe_make_prepare_finalize on every MoE layer once the EP group has more than
+    one rank (TP=2 alone); vLLM's ModelOpt NVFP4 method raises there, which stopped the first two-H200
+    start. Ours answer None: apply runs the planned backend, vLLM's runner keeps the quant method."""
+    from nvfp4stack.engine.moe_cast_method import Nvfp4StackMxfp4CastMoE
+    from nvfp4stack.engine.moe_method import Nvfp4StackModelOptMoE
+    from nvfp4stack.schemes import Scheme
+
+    for cls in (Nvfp4StackModelOptMoE, Nvfp4StackMxfp4CastMoE):
+        m = cls.__new__(cls)
+        Nvfp4StackModelOptMoE.__init__(m, None, _moe_config(), kernel="torch_emulation", scheme=Scheme.NVFP4_W4A16,
+                                       prefix="model.layers.1.mlp.experts")
+        assert m.maybe_make_prepare_finalize(routing_tables=None) is None
+        assert not m.is_monolithic

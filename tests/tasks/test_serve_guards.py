@@ -187,3 +187,20 @@ def test_serve_refuses_what_plan_says_cannot_fit(tmp_path, capsys):
     assert code == 0, err
     assert "NOTHING FITS" in err and "serving anyway (engine.allow_overcommit=true)" in err
     assert (tmp_path / "run" / "serve_command.sh").read_text().strip() == out.strip().splitlines()[-1]
+
+
+def test_a_taken_port_is_refused_before_launch(launched, tmp_path, capsys):
+    """A server still running on engine.port once answered the health check for a child that had
+    failed to bind (an H200 bench measured the stale server); serve now refuses before launching."""
+    import socket
+
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        code = run_serve(tmp_path, f"engine.port={port}")
+    out, err = capsys.readouterr()
+    assert code == EXIT_USAGE == 2, err
+    assert "argv" not in launched   # nothing was started
+    line = err.strip().splitlines()[-1]
+    assert f"engine.port={port}: 127.0.0.1:{port} is already in use" in line and "set engine.port" in line

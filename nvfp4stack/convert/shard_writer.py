@@ -6,7 +6,8 @@ shard, so the stream plans the shard's tensors before converting them (``out_spe
 that finds, on closing, that the shard holds other tensors than planned still writes a correct
 file (the header is rewritten in place, or the data moved behind a header of another length),
 at the cost of that shard's second write; the bytes never depend on which happened. The file is
-``<name>.partial`` until ``close`` fsyncs it and renames it to its final name.
+``<name>.partial`` until ``close`` fsyncs it and renames it to its final name; the bytes go
+through ``file_sink`` (a background thread hashes and writes them).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from typing import Iterable, NamedTuple
 import torch
 
 from nvfp4stack.checkpoint.safetensors_io import DTYPE_NAMES, TensorInfo
+from nvfp4stack.convert.file_sink import FileSink
 
 log = logging.getLogger(__name__)
 _CHUNK = 64 << 20
@@ -65,9 +67,7 @@ class ShardWriter:
         self._specs: list[TensorSpec] = []
         self._names: set[str] = set()
         self._offset = 0
-        self._digest = hashlib.sha256()
-        self._file = open(self._partial, "wb")
-        self._write(self._planned_head)
+        self._sink = FileSink(self._partial, self._planned_head)
         self.sha256 = ""
         self.rewritten = False  # the plan missed: this shard was written twice
 
@@ -78,16 +78,12 @@ class ShardWriter:
     def names(self) -> list[str]:
         return [s.name for s in self._specs]
 
-    def _write(self, chunk) -> None:
-        self._file.write(chunk)
-        self._digest.update(chunk)
-
     def _add(self, spec: TensorSpec, chunks: Iterable) -> None:
         if spec.name in self._names:
             raise ValueError(f"{spec.name}: written twice to {self.path.name}")
         n = 0
         for c in chunks:
-            self._write(c)
+            self._sink.append(c)
             n += len(c)
         if n != spec.nbytes:
             raise ValueError(f"{spec.name}: {n} bytes written to {self.path.name}, its header says {spec.nbytes}")
@@ -104,14 +100,11 @@ class ShardWriter:
         self._add(TensorSpec(name, info.dtype, tuple(info.shape), info.nbytes), chunks)
 
     def close(self) -> Path:
+        self.sha256 = self._sink.close()
         head = header_bytes(self._specs)
         if head != self._planned_head:
             self._fix_header(head)
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
         os.replace(self._partial, self.path)
-        self.sha256 = self._digest.hexdigest()
         return self.path
 
     def _fix_header(self, head: bytes) -> None:
@@ -120,10 +113,11 @@ class ShardWriter:
                     "it costs a second write)", self.path.name)
         self.rewritten = True
         old = len(self._planned_head)
-        self._file.flush()
         if len(head) == old:
-            self._file.seek(0)
-            self._file.write(head)
+            with open(self._partial, "r+b") as f:
+                f.write(head)
+                f.flush()
+                os.fsync(f.fileno())
         else:  # the data must move: copy it behind the new header
             moved = self._partial.with_name(self._partial.name + ".moved")
             with open(self._partial, "rb") as src, open(moved, "wb") as out:
@@ -131,16 +125,16 @@ class ShardWriter:
                 src.seek(old)
                 for chunk in iter(lambda: src.read(_CHUNK), b""):
                     out.write(chunk)
-            self._file.close()
+                out.flush()
+                os.fsync(out.fileno())
             os.replace(moved, self._partial)
-            self._file = open(self._partial, "r+b")
-        self._file.flush()
-        self._digest = hashlib.sha256()
+        digest = hashlib.sha256()
         with open(self._partial, "rb") as f:
             for chunk in iter(lambda: f.read(_CHUNK), b""):
-                self._digest.update(chunk)
+                digest.update(chunk)
+        self.sha256 = digest.hexdigest()
 
     def abort(self) -> None:
-        self._file.close()
+        self._sink.abort()
         for p in (self._partial, self._partial.with_name(self._partial.name + ".moved")):
             p.unlink(missing_ok=True)

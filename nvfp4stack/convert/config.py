@@ -36,7 +36,7 @@ class ConvertConfig:
                              "use e.g. convert.max_shard_bytes=4294967296")
         from nvfp4stack.convert import CONVERTERS  # local: config import must stay light
 
-        from nvfp4stack.convert.stream import parse_rules
+        from nvfp4stack.convert.units import parse_rules
 
         bad = {k: v for k, v in parse_rules(self.rules, "convert.rules").items()
                if v != "passthrough" and v not in CONVERTERS}

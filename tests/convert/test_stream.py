@@ -101,7 +101,7 @@ def test_convert_layout_and_numerics(tmp_path, seed):
 
 CHILD = r"""
 import sys, time
-from nvfp4stack.checkpoint import safetensors_io as io
+from nvfp4stack.convert import shard_writer as io
 from nvfp4stack.convert.stream import convert_checkpoint
 close = io.ShardWriter.close
 def slow_close(self):  # slows the run so the parent can kill it mid-way; bytes unchanged

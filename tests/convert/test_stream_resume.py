@@ -8,9 +8,8 @@ from collections import namedtuple
 
 import pytest
 
-from nvfp4stack.checkpoint import safetensors_io
 from nvfp4stack.cli import EXIT_USAGE, run_task
-from nvfp4stack.convert import stream
+from nvfp4stack.convert import finalize, shard_writer
 from nvfp4stack.convert.stream import MANIFEST, convert_checkpoint
 from tests.convert.test_stream import make_checkpoint, tree_bytes
 
@@ -80,16 +79,16 @@ def test_another_plans_output_exits_2_and_stays(src, ref, tmp_path, capsys):
 @pytest.mark.parametrize("where", ["after_renames", "before_the_final_rename"])
 def test_kill_during_finalize_keeps_the_shards(src, ref, tmp_path, capsys, monkeypatch, where):
     dst, tmp = tmp_path / "out", tmp_path / ".out.tmp"
-    target = "write_index" if where == "after_renames" else "_put_in_place"
-    real = getattr(stream, target)
+    target = "write_index" if where == "after_renames" else "put_in_place"
+    real = getattr(finalize, target)
 
     def killed(*a, **kw):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(stream, target, killed)
+    monkeypatch.setattr(finalize, target, killed)
     with pytest.raises(KeyboardInterrupt):
         convert_checkpoint(src, dst, RULES, max_shard_bytes=SHARD, progress=False)
-    monkeypatch.setattr(stream, target, real)
+    monkeypatch.setattr(finalize, target, real)
     assert not dst.exists() and len(_shards(tmp)) >= 3  # the shards already carry their final names
     stamps = {p.name: p.stat().st_mtime_ns for p in _shards(tmp)}
     capsys.readouterr()
@@ -118,7 +117,7 @@ def test_free_space_is_checked_before_the_first_shard(src, tmp_path, capsys, mon
 
 
 def test_disk_full_while_writing_is_one_line_and_cleans_up(src, tmp_path, capsys, monkeypatch):
-    real = safetensors_io.ShardWriter.add
+    real = shard_writer.ShardWriter.add
     calls = {"n": 0}
 
     def add(self, name, tensor):
@@ -127,7 +126,7 @@ def test_disk_full_while_writing_is_one_line_and_cleans_up(src, tmp_path, capsys
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(self, name, tensor)
 
-    monkeypatch.setattr(safetensors_io.ShardWriter, "add", add)
+    monkeypatch.setattr(shard_writer.ShardWriter, "add", add)
     dst = tmp_path / "out"
     code, _, err = _run(src, dst, tmp_path, capsys)
     assert calls["n"] == 12 and code == 2 and len(err) == 1

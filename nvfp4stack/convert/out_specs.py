@@ -1,0 +1,78 @@
+"""What each work unit will write, known before it is converted, so a shard's header can go first.
+
+A pass-through unit writes its input's headers. A converted unit's output tensors (names, dtypes,
+shapes) depend only on its converter and its inputs' keys, dtypes and shapes, so they are found
+once per such signature: by running the converter on meta tensors (no data), or, for a converter
+that looks at its data (exactness counts, checks), by converting the first unit of that signature.
+A wrong guess costs only a second write of one shard (``shard_writer``), never other bytes.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from nvfp4stack.checkpoint.safetensors_io import ShardedReader
+from nvfp4stack.convert.base import Converter
+from nvfp4stack.convert.shard_writer import TensorSpec, tensor_spec
+from nvfp4stack.convert.units import PASSTHROUGH, Unit, join_name
+
+log = logging.getLogger(__name__)
+
+
+class OutputSpecs:
+    """``unit`` -> its output TensorSpecs in writing order (or None when they cannot be known)."""
+
+    def __init__(self, reader: ShardedReader, converters: dict[str, Converter], device: torch.device):
+        self._reader, self._converters, self._device = reader, converters, device
+        self._by_signature: dict[tuple, list[tuple] | None] = {}
+
+    def of(self, unit: Unit) -> list[TensorSpec] | None:
+        infos = self._reader.infos
+        if unit.converter == PASSTHROUGH:
+            return [TensorSpec(name, infos[name].dtype, tuple(infos[name].shape), infos[name].nbytes)
+                    for name, _ in unit.members]
+        signature = (unit.converter, tuple((local, infos[name].dtype, tuple(infos[name].shape))
+                                           for name, local in unit.members))
+        if signature not in self._by_signature:
+            self._by_signature[signature] = self._convert_for_specs(unit, meta=True) or \
+                self._convert_for_specs(unit, meta=False)
+        local = self._by_signature[signature]
+        if local is None:
+            return None
+        return [TensorSpec(join_name(unit.prefix, key), dtype, shape, n) for key, dtype, shape, n in local]
+
+    def _convert_for_specs(self, unit: Unit, meta: bool) -> list[tuple] | None:
+        conv = self._converters[unit.converter]
+        infos = self._reader.infos
+        try:
+            if meta:
+                group = {local: torch.empty(infos[name].shape, dtype=infos[name].torch_dtype, device="meta")
+                         for name, local in unit.members}
+            else:
+                group = {local: self._reader.get(name, self._device) for name, local in unit.members}
+            with torch.inference_mode():
+                out = conv.convert(group, unit.prefix)
+            return [(key, *tensor_spec(key, t)[1:]) for key, t in out.items()]
+        except Exception as e:  # noqa: BLE001 - a data-dependent converter; the real run reports real errors
+            if not meta:
+                log.debug("%s: output specs unknown (%s: %s); its shard may be written twice",
+                          unit.prefix, type(e).__name__, e)
+            return None
+        finally:
+            conv.report = None
+
+    def shard(self, units: list[Unit], start: int, max_shard_bytes: int) -> list[TensorSpec]:
+        """The tensors of the shard that opens at ``units[start]``: units up to the one that takes it
+        to ``max_shard_bytes`` (the stream's own rule for closing a shard)."""
+        out: list[TensorSpec] = []
+        total = 0
+        for u in units[start:]:
+            specs = self.of(u)
+            if specs is None:
+                break  # the writer finds out on closing and fixes the header
+            out += specs
+            total += sum(s.nbytes for s in specs)
+            if total >= max_shard_bytes:
+                break
+        return out

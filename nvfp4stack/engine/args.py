@@ -38,7 +38,7 @@ def vllm_moe_backend(plan: EnginePlan) -> str | None:
 def vllm_linear_backend(plan: EnginePlan) -> str | None:
     """vLLM's --linear-backend value when the plan puts every quantized linear on one vLLM kernel
     (what ``backend.linear`` chose, or what ``auto`` resolved to); None leaves vLLM's own choice."""
-    kernels = {e["kernel"] for role, e, _ in plan._entries()
+    kernels = {e["kernel"] for role, e, _ in plan.entries()
                if role not in MOE_ROLES and e["scheme"] not in ("bf16", "passthrough")}
     if len(kernels) != 1:
         return None

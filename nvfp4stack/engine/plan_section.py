@@ -81,7 +81,7 @@ class EnginePlan:
         exception = self.layers.get(role, {}).get(idx) if idx is not None else None
         return exception or self.roles.get(role)
 
-    def _entries(self):
+    def entries(self):
         """(role, entry, is_mtp) for every decision the section holds."""
         for role, e in self.roles.items():
             yield role, e, False
@@ -98,7 +98,7 @@ class EnginePlan:
 
     def needs_plugin(self) -> bool:
         """True when any NVFP4 module runs on a kernel this package implements."""
-        return any(_own(e, "moe" if role in MOE_ROLES else "linear") for role, e, _ in self._entries())
+        return any(_own(e, "moe" if role in MOE_ROLES else "linear") for role, e, _ in self.entries())
 
     def to_dict(self) -> dict:
         d = {"version": VERSION, "roles": self.roles}

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from nvfp4stack.plan.kv_pool import PackedPool, decode_blocks, in_flight_tokens, packed_pool, pool_capacity
+
 DEFAULT_GPU_UTIL = 0.92           # vLLM CacheConfig.gpu_memory_utilization default
 DECODE_IN_FLIGHT = 1              # tokens in flight per decoding sequence (sliding-window pages)
 DEFAULT_BLOCK = 16                # vLLM CacheConfig.DEFAULT_BLOCK_SIZE, when --block-size is not given
 GB = 1e9
+VLLM_POOL_VERSION = "0.26"        # the vLLM whose packed-pool accounting kv_pool.py mirrors
 
 
 @dataclass
@@ -111,10 +114,26 @@ def kv_cache_report(hf_config: dict, engine_cfg, arch_cfg, weight_bytes_per_gpu:
         "weight_bytes_per_gpu": float(weight_bytes_per_gpu), "max_model_len": max_len,
         "kv_budget_bytes": None, "max_kv_tokens": None, "max_context_one_seq": None, "max_batch_at_max_len": None,
     }
+    pool_layers = getattr(family, "kv_pool_layers", None)   # only DeepSeek-V4 has vLLM's packed pool
+    pool = packed_pool(pool_layers(hf_config, kv_dtype, block, mtp_layers)) if pool_layers and max_len else None
+    in_flight = in_flight_tokens(max_len, getattr(engine_cfg, "max_num_seqs", None)) if pool else 0
+    if pool:
+        charged = pool_capacity(pool, 0, max_len, in_flight)
+        out["vllm"] = {
+            "version": VLLM_POOL_VERSION, "bytes_per_block": pool.bytes_per_block,
+            "groups": [[b, w, len(p)] for b, w, p in pool.groups], "in_flight_tokens": in_flight,
+            "blocks_per_request": charged.blocks_per_request,
+            "bytes_per_token": charged.blocks_per_request * pool.bytes_per_block / max_len,
+            "one_request_bytes": charged.one_request_bytes,
+            "decode_blocks_at_max_len": decode_blocks(pool, max_len),
+            "num_blocks": None, "max_concurrency": None, "decode_batch_at_max_len": None,
+        }
     if gpu_bytes <= 0:
         return out
     budget = gpu_bytes * util - weight_bytes_per_gpu
     out["kv_budget_bytes"] = budget
+    if pool:
+        return _fit_pool(out, pool, budget, max_len, in_flight)
     if budget <= per_seq:
         return out  # the weights (plus one sequence's fixed state) do not fit: nothing to plan
     out["max_kv_tokens"] = int(budget // per_token)
@@ -125,14 +144,51 @@ def kv_cache_report(hf_config: dict, engine_cfg, arch_cfg, weight_bytes_per_gpu:
     return out
 
 
+def _fit_pool(out: dict, pool: PackedPool, budget: float, max_len: int, in_flight: int) -> dict:
+    """Tokens and batch as vLLM 0.26 logs them at start (``pool_capacity``); nothing fits where its
+    start-up check would refuse one max_model_len request."""
+    v = out["vllm"]
+    if budget < v["one_request_bytes"]:
+        return out
+    cap = pool_capacity(pool, int(budget), max_len, in_flight)
+    v.update(num_blocks=cap.num_blocks, max_concurrency=cap.max_concurrency,
+             decode_batch_at_max_len=cap.num_blocks // v["decode_blocks_at_max_len"])
+    out.update(max_kv_tokens=cap.tokens, max_context_one_seq=max_len, max_batch_at_max_len=int(cap.max_concurrency))
+    return out
+
+
 def nothing_fits(d: dict | None) -> str | None:
     """Why nothing fits beside the weights on a GPU of known size (``plan`` exits 1, ``serve``
     refuses), in one line; None when the KV cache fits or no GPU size is given."""
     if not d or d["kv_budget_bytes"] is None or d["max_kv_tokens"] is not None:
         return None
+    v = d.get("vllm")
+    if v and d["kv_budget_bytes"] > 0:
+        return (f"NOTHING FITS at engine.max_model_len={d['max_model_len']}: vLLM {v['version']} needs "
+                f"{v['one_request_bytes'] / GB:,.2f} GB of KV cache for one such request, the budget is "
+                f"{d['kv_budget_bytes'] / GB:,.2f} GB per GPU; lower engine.max_model_len, add GPUs (engine.tp/ep) "
+                "or shrink the weights (precision.*)")
     return (f"NOTHING FITS on this layout: the weights leave no room for KV cache "
             f"({d['weight_bytes_per_gpu'] / GB:,.2f} GB of weights per GPU, budget {d['gpu_memory_bytes'] / GB:,.1f} GB "
             f"x {d['gpu_memory_utilization']:.2f}); add GPUs (engine.tp/ep) or shrink the weights (precision.*)")
+
+
+def _pool_lines(d: dict) -> list[str]:
+    v, n = d["vllm"], d["max_model_len"]
+    groups = ", ".join(f"{k} layers/{b}{'' if w is None else f' (window {w})'}" for b, w, k in v["groups"])
+    return [f"  vLLM {v['version']} pool: {v['bytes_per_block']:,} B per block on every TP rank; groups (layers/tokens per "
+            f"page): {groups}",
+            f"  vLLM {v['version']} charges a {n:,}-token request {v['blocks_per_request']:,} blocks = "
+            f"{v['bytes_per_token']:,.0f} B/token (every group's most pages at once, {v['in_flight_tokens']:,} tokens "
+            "in flight): its 'GPU KV cache size' and 'Maximum concurrency' below"]
+
+
+def _over_conservative(d: dict) -> str:
+    v, n = d["vllm"], d["max_model_len"]
+    fit = f", so {v['decode_batch_at_max_len']:,} would fit" if v["decode_batch_at_max_len"] is not None else ""
+    return (f"  over-conservative: a decoding {n:,}-token sequence holds {v['decode_blocks_at_max_len']:,} blocks "
+            f"(SWA and compressor groups keep only their windows){fit}; vLLM's concurrency figure charges "
+            f"{v['blocks_per_request']:,}")
 
 
 def format_kv_report(d: dict) -> str:
@@ -142,7 +198,11 @@ def format_kv_report(d: dict) -> str:
         grow = f"{c['bytes_per_token']:10.2f} B/token" if c["bytes_per_token"] else " " * 17
         fixed = f"{c['bytes_per_seq'] / 2**20:8.2f} MiB/seq" if c["bytes_per_seq"] else ""
         lines.append(f"  {c['cache']:<36}{c['layers']:>4} layers  page {c['page_bytes']:>7} B  {grow}  {fixed}")
-    lines.append(f"  total: {d['bytes_per_token']:,.2f} bytes per token + {d['bytes_per_seq'] / 2**20:,.2f} MiB per sequence")
+    pool = d.get("vllm")
+    lines.append(f"  {'stored' if pool else 'total'}: {d['bytes_per_token']:,.2f} bytes per token + "
+                 f"{d['bytes_per_seq'] / 2**20:,.2f} MiB per sequence" + (" (what the pages hold)" if pool else ""))
+    if pool:
+        lines += _pool_lines(d)
     if d["kv_budget_bytes"] is None:
         lines.append("  no GPU memory given (arch.gpu_memory_gb=0): set it to get the tokens that fit")
         return "\n".join(lines)
@@ -150,10 +210,15 @@ def format_kv_report(d: dict) -> str:
         f"  budget: {d['gpu_memory_bytes'] / GB:,.1f} GB x {d['gpu_memory_utilization']:.2f} - weights "
         f"{d['weight_bytes_per_gpu'] / GB:,.2f} GB = {d['kv_budget_bytes'] / GB:,.2f} GB for KV cache per GPU")
     if d["max_kv_tokens"] is None:
-        lines.append("  NOTHING FITS: the weights leave no room for KV cache; add GPUs (engine.tp/ep) or "
-                     "shrink the weights (precision.*)")
+        lines.append("  " + nothing_fits(d))
         return "\n".join(lines)
+    if pool:
+        lines.append(f"  vLLM {pool['version']} at start: {pool['num_blocks']:,} blocks; GPU KV cache size "
+                     f"{d['max_kv_tokens']:,} tokens; maximum concurrency {pool['max_concurrency']:,.2f}x "
+                     f"at {d['max_model_len']:,} tokens per request")
     lines.append(f"  max KV tokens that fit: {d['max_kv_tokens']:,} "
                  f"(one sequence: {d['max_context_one_seq']:,} tokens of context"
                  + (f"; at max_model_len {d['max_model_len']:,}: batch {d['max_batch_at_max_len']:,})" if d["max_model_len"] else ")"))
+    if pool:
+        lines.append(_over_conservative(d))
     return "\n".join(lines)

@@ -92,7 +92,9 @@ def test_pro_b200_fits_and_bf16_halves_it():
     fp8 = kv_cache_report(PRO, _engine(), SimpleNamespace(gpu_memory_gb=180.0), per_gpu)
     text = format_kv_report(fp8)
     print(text)
-    assert fp8["max_kv_tokens"] == int((180e9 * 0.92 - per_gpu) // fp8["bytes_per_token"])
+    # vLLM 0.26 sizes DeepSeek-V4 by its packed pool (tests/plan/test_kv_pool.py), not bytes per token
+    assert fp8["max_kv_tokens"] == int(fp8["vllm"]["num_blocks"] / fp8["vllm"]["blocks_per_request"] * 1_048_576)
+    assert fp8["vllm"]["num_blocks"] == int(180e9 * 0.92 - per_gpu) // fp8["vllm"]["bytes_per_block"]
     assert fp8["max_kv_tokens"] > 1_000_000 and fp8["max_batch_at_max_len"] >= 1
     assert "max KV tokens that fit" in text
     bf16 = kv_cache_report(PRO, _engine(kv_cache_dtype="bfloat16"), SimpleNamespace(gpu_memory_gb=180.0), per_gpu)

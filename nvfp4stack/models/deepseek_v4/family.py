@@ -112,6 +112,12 @@ class DeepseekV4Family(ModelFamily):
 
         return resolve_kv_dtype(kv_dtype), dsv4_cache_lines(hf, kv_dtype, block_size, mtp_layers)
 
+    def kv_pool_layers(self, hf: dict, kv_dtype: str, block_size: int | None, mtp_layers: int):
+        # vLLM 0.26 sizes this model's cache by its packed pool (plan.kv_pool), not by bytes per token
+        from nvfp4stack.models.deepseek_v4.kv_cache import dsv4_layer_specs
+
+        return dsv4_layer_specs(hf, kv_dtype, block_size, mtp_layers)
+
     def served_config(self, src_config: dict, groups: list) -> dict | None:
         from nvfp4stack.models.deepseek_v4.config_fixups import served_config
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from nvfp4stack.models.deepseek_v4.spec import compress_ratios
 from nvfp4stack.plan.kv_cache import CacheLine, paged, window_pages
+from nvfp4stack.plan.kv_pool import KVLayerSpec
 
 DSV4_FP8_DS_MLA_BYTES = 584       # per token per layer (attention.py, state_content_bytes)
 DSV4_PAGE_ALIGN_FP8_DS_MLA = 576  # FlashMLA packing stride
@@ -49,38 +50,62 @@ def resolve_kv_dtype(kv_cache_dtype: str) -> str:
     )
 
 
-def dsv4_cache_lines(hf: dict, kv_dtype: str, block_size: int | None, mtp_layers: int) -> list[CacheLine]:
-    """Per cache kind: layers, page bytes, bytes per token and per sequence on one GPU."""
-    dtype = resolve_kv_dtype(kv_dtype)
-    block = block_size or DSV4_DEFAULT_BLOCK
+def _geometry(hf: dict, kv_dtype: str, block_size: int | None) -> dict:
+    """Page bytes of each cache kind (vLLM's per-spec formulas, alignment padding included)."""
+    ds = resolve_kv_dtype(kv_dtype) == "fp8_ds_mla"
     head_dim = int(hf.get("head_dim", 512))
-    window = int(hf.get("sliding_window", 128))
     idx_dim = int(hf.get("index_head_dim", 128))
-    ds = dtype == "fp8_ds_mla"
     state = DSV4_FP8_DS_MLA_BYTES if ds else head_dim * 2
     align = DSV4_PAGE_ALIGN_FP8_DS_MLA if ds else DSV4_PAGE_ALIGN_DENSE
+    block = block_size or DSV4_DEFAULT_BLOCK
+    g = {"block": block, "window": int(hf.get("sliding_window", 128)),
+         "swa": paged(DSV4_SWA_BLOCK, state, align), "idx": paged(block // 4, idx_dim + idx_dim // 128 * 4, align)}
+    for ratio in (4, 128):
+        coff = 1 + (ratio == 4)
+        cblock = 4 if ratio == 4 else 8                      # compressor.py block sizes
+        g[ratio] = {"kv": paged(block // ratio, state, align), "cblock": cblock, "cwindow": coff * ratio,
+                    "state": paged(cblock, 2 * coff * head_dim * 4, align),        # f32 kv_state + score_state
+                    "idx_state": paged(cblock, 2 * coff * idx_dim * 4, align)}
+    return g
+
+
+def dsv4_cache_lines(hf: dict, kv_dtype: str, block_size: int | None, mtp_layers: int) -> list[CacheLine]:
+    """Per cache kind: layers, page bytes, stored bytes per token and per sequence on one GPU."""
+    g = _geometry(hf, kv_dtype, block_size)
+    block, window = g["block"], g["window"]
     ratios = [max(1, r) for r in compress_ratios(hf)]
     lines: list[CacheLine] = []
 
     n_all = len(ratios) + mtp_layers
-    swa_page = paged(DSV4_SWA_BLOCK, state, align)
-    lines.append(CacheLine("swa (sliding window, every layer)", n_all, swa_page, DSV4_SWA_BLOCK,
-                           bytes_per_seq=n_all * window_pages(window, DSV4_SWA_BLOCK) * swa_page))
+    lines.append(CacheLine("swa (sliding window, every layer)", n_all, g["swa"], DSV4_SWA_BLOCK,
+                           bytes_per_seq=n_all * window_pages(window, DSV4_SWA_BLOCK) * g["swa"]))
     for ratio in sorted(set(r for r in ratios if r > 1)):
-        n = ratios.count(ratio)
-        page = paged(block // ratio, state, align)
-        lines.append(CacheLine(f"compressed kv (ratio {ratio})", n, page, block, bytes_per_token=n * page / block))
-        coff = 1 + (ratio == 4)
-        cblock = 4 if ratio == 4 else 8                      # compressor.py block sizes
-        cstate = 2 * coff * head_dim * 4                     # f32 kv_state + score_state
-        cpage = paged(cblock, cstate, align)
-        lines.append(CacheLine(f"compressor state (ratio {ratio})", n, cpage, cblock,
-                               bytes_per_seq=n * window_pages(coff * ratio, cblock) * cpage))
+        n, r = ratios.count(ratio), g[ratio]
+        lines.append(CacheLine(f"compressed kv (ratio {ratio})", n, r["kv"], block, bytes_per_token=n * r["kv"] / block))
+        lines.append(CacheLine(f"compressor state (ratio {ratio})", n, r["state"], r["cblock"],
+                               bytes_per_seq=n * window_pages(r["cwindow"], r["cblock"]) * r["state"]))
         if ratio == 4:  # only C4A layers have the lightning indexer
-            ipage = paged(block // ratio, idx_dim + idx_dim // 128 * 4, align)
-            lines.append(CacheLine("indexer k (ratio 4, fp8)", n, ipage, block, bytes_per_token=n * ipage / block))
-            icstate = 2 * coff * idx_dim * 4
-            icpage = paged(cblock, icstate, align)
-            lines.append(CacheLine("indexer compressor state", n, icpage, cblock,
-                                   bytes_per_seq=n * window_pages(coff * ratio, cblock) * icpage))
+            lines.append(CacheLine("indexer k (ratio 4, fp8)", n, g["idx"], block, bytes_per_token=n * g["idx"] / block))
+            lines.append(CacheLine("indexer compressor state", n, r["idx_state"], r["cblock"],
+                                   bytes_per_seq=n * window_pages(r["cwindow"], r["cblock"]) * r["idx_state"]))
     return lines
+
+
+def dsv4_layer_specs(hf: dict, kv_dtype: str, block_size: int | None, mtp_layers: int) -> list[KVLayerSpec]:
+    """Every cache layer vLLM 0.26 registers, in model order: per layer its SWA cache; with compress
+    ratio 4 or 128 its compressed KV (full attention) and compressor state; with ratio 4 also the
+    indexer K cache (full attention) and the indexer's compressor state. The MTP layer (ratio 1)
+    has a SWA cache only."""
+    g = _geometry(hf, kv_dtype, block_size)
+    out: list[KVLayerSpec] = []
+    for ratio in [max(1, r) for r in compress_ratios(hf)] + [1] * mtp_layers:
+        out.append(KVLayerSpec(g["swa"], DSV4_SWA_BLOCK, g["window"]))
+        if ratio == 1:
+            continue
+        r = g[ratio]
+        out.append(KVLayerSpec(r["kv"], g["block"]))
+        out.append(KVLayerSpec(r["state"], r["cblock"], r["cwindow"]))
+        if ratio == 4:
+            out.append(KVLayerSpec(g["idx"], g["block"]))
+            out.append(KVLayerSpec(r["idx_state"], r["cblock"], r["cwindow"]))
+    return out

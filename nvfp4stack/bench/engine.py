@@ -36,12 +36,12 @@ from pathlib import Path
 
 from nvfp4stack.bench.rounds import Cell, ratio_text, schedule, worst_spread
 from nvfp4stack.io_atomic import atomic_write_text
+from nvfp4stack.plan.kv_cache import DEFAULT_GPU_UTIL   # vLLM's own default, split by servers=together
 from nvfp4stack.run_dir import versions
 
 BASELINES = ("marlin", "humming", "bf16")
 READY = "engine ready s"
 SPREAD_GOAL = 0.05   # issue #35: repeats within 5% at every load
-DEFAULT_GPU_UTIL = 0.9   # vLLM's default --gpu-memory-utilization, split by engine_servers=together
 
 
 @dataclasses.dataclass(frozen=True)

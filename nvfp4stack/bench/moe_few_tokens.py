@@ -57,8 +57,8 @@ def parser() -> argparse.ArgumentParser:
                     help="vLLM's fused Marlin NVFP4 MoE on the same weights (needs vLLM for CUDA): "
                          "auto = where importable, on = refuse to run without it")
     ap.add_argument("--humming", choices=("auto", "on", "off"), default="auto",
-                    help="vLLM's Humming NVFP4 MoE on the same weights, unclamped SwiGLU (needs vLLM >= 0.26 for "
-                         "CUDA and humming-kernels): auto = where it runs, on = refuse to run without it")
+                    help="vLLM's Humming NVFP4 MoE on the same weights, unclamped SwiGLU (needs vLLM 0.26's CUDA "
+                         "build and humming-kernels): auto = where it runs, on = refuse to run without it")
     ap.add_argument("--layout", choices=("auto", "rows", "tiles"), default="auto",
                     help="packed weight bytes of our kernels: auto = what triton_w4a16's prepare gives on this "
                          "GPU (tiles on sm90 where the shape tiles), rows = the checkpoint's row-major bytes, "

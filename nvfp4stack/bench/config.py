@@ -3,7 +3,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from nvfp4stack.usage import did_you_mean
+
 BENCHES = ("formats", "moe_kernel", "cold_start", "engine")
+SERVERS = ("one_at_a_time", "together")   # bench.engine_servers
 
 
 @dataclass
@@ -17,7 +20,10 @@ class BenchConfig:
     repeat: int = 5
     seed: int = 0
     # bench=engine (nvfp4stack/bench/engine.py): settings served one after another, the loads measured
-    engine_settings: list[str] = field(default_factory=lambda: ["triton_w4a16", "triton_w4a16+fp8", "marlin", "bf16"])
+    engine_settings: list[str] = field(default_factory=lambda: ["triton_w4a16", "triton_w4a16+fp8", "marlin",
+                                                                "humming", "bf16"])
+    engine_rounds: int = 3              # rounds per setting and load, interleaved (median and min-max per cell)
+    engine_servers: str = "one_at_a_time"   # one_at_a_time (a start per round) | together (one start each, all alive)
     engine_model: str = "synthetic"     # synthetic (Flash expert shapes, built once) | recipe (its checkpoint)
     engine_model_layers: int = 8        # synthetic: 1 dense + 7 MoE layers
     engine_batches: list[int] = field(default_factory=lambda: [1, 8, 32, 128, 256])
@@ -34,3 +40,10 @@ class BenchConfig:
         if self.engine_decode_waves < 1:
             raise ValueError(f"bench.engine_decode_waves: expected >= 1 (requests per batch = batch x waves), "
                              f"found {self.engine_decode_waves}; fix: bench.engine_decode_waves=4")
+        if self.engine_rounds < 1:
+            raise ValueError(f"bench.engine_rounds: expected >= 1 (3 or more to tell a difference from noise), "
+                             f"found {self.engine_rounds}; fix: bench.engine_rounds=3")
+        if self.engine_servers not in SERVERS:
+            raise ValueError(f"bench.engine_servers: expected one of {', '.join(SERVERS)}, found "
+                             f"{self.engine_servers!r}{did_you_mean(self.engine_servers, SERVERS)}; "
+                             "fix: bench.engine_servers=one_at_a_time")

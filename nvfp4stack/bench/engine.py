@@ -10,11 +10,20 @@ serving benchmark (``vllm bench serve``, random prompts, ignore_eos):
 
 Settings (``bench.engine_settings``) change only what they name, on the same recipe and engine keys:
 ``triton_w4a16`` (ours, W4A16), ``triton_w4a16+fp8`` (ours with the FP8 prefill copy), ``marlin``
-(vLLM's NVFP4 W4A16 MoE), ``bf16`` (BF16 experts, vLLM's unquantized MoE), ``torch_emulation`` (ours
-on CPU). The model is ``bench.engine_model``: ``synthetic`` builds (once, cached) the model family's
-random benchmark model at flagship expert shapes (``ModelFamily.synthetic_checkpoint``); ``recipe``
-serves the recipe's own checkpoint.
-One table, with speed-ups of each of our settings over each baseline measured in the same run.
+(vLLM's NVFP4 W4A16 MoE), ``humming`` (vLLM 0.26's Humming NVFP4 MoE, ``--moe-backend humming``;
+skipped on a model that sets ``swiglu_limit``, where vLLM refuses it), ``bf16`` (BF16 experts, vLLM's
+unquantized MoE), ``torch_emulation`` (ours on CPU). The model is ``bench.engine_model``:
+``synthetic`` builds (once, cached) the model family's random benchmark model at flagship expert
+shapes (``ModelFamily.synthetic_checkpoint``); ``recipe`` serves the recipe's own checkpoint.
+
+Every setting is measured in ``bench.engine_rounds`` rounds (bench/rounds.py: interleaved, every
+other round backwards). ``bench.engine_servers``: ``one_at_a_time`` starts a setting's server for
+each of its rounds (one GPU holds one server; the ready time gets a value per round);
+``together`` starts each setting's server once, all of them alive at once with
+``engine.gpu_memory_utilization`` split between them, and runs every round on those starts.
+One table: per cell the median [min-max] and the spread (max-min)/median of the rounds, and the
+speed-ups of each of our settings over each baseline measured in the same run ("within noise" where
+the two ranges overlap). metrics.json keeps every round's numbers.
 """
 from __future__ import annotations
 
@@ -25,10 +34,14 @@ import json
 import time
 from pathlib import Path
 
+from nvfp4stack.bench.rounds import Cell, ratio_text, schedule, worst_spread
 from nvfp4stack.io_atomic import atomic_write_text
+from nvfp4stack.plan.kv_cache import DEFAULT_GPU_UTIL   # vLLM's own default, split by servers=together
 from nvfp4stack.run_dir import versions
 
-BASELINES = ("marlin", "bf16")
+BASELINES = ("marlin", "humming", "bf16")
+READY = "engine ready s"
+SPREAD_GOAL = 0.05   # issue #35: repeats within 5% at every load
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,8 +50,9 @@ class Setting:
     moe: str | None            # backend.moe; None = the precision has no quantized experts
     fp8_prefill: bool = False
     experts: str = "nvfp4"     # which checkpoint variant it serves
+    swiglu_clamp: bool = True  # the kernel applies a model's SwiGLU clamp (swiglu_limit)
 
-    def apply(self, cfg, ckpt: Path | None, run_dir: Path, port: int):
+    def apply(self, cfg, ckpt: Path | None, run_dir: Path, port: int, gpu_memory_utilization: float | None = None):
         """The recipe's typed config with this setting's keys changed (validated as on the CLI)."""
         r = dataclasses.replace
         precision = cfg.precision
@@ -46,14 +60,30 @@ class Setting:
         if self.experts == "bf16":
             precision = r(precision, routed_experts="bf16")
         model = r(cfg.model, path=str(ckpt)) if ckpt is not None else cfg.model
-        return r(cfg, model=model, precision=precision, backend=backend, run_dir=str(run_dir),
-                 engine=r(cfg.engine, port=port, dry_run=False))
+        engine = r(cfg.engine, port=port, dry_run=False)
+        if gpu_memory_utilization is not None:
+            engine = r(engine, gpu_memory_utilization=gpu_memory_utilization)
+        return r(cfg, model=model, precision=precision, backend=backend, run_dir=str(run_dir), engine=engine)
+
+    def clamp_refusal(self, hf: dict, where: str) -> str | None:
+        """Why this setting cannot serve a model whose config sets ``swiglu_limit``, or None.
+
+        vLLM 0.26's NVFP4 MoE oracle (fused_moe/oracle/nvfp4.py) keeps only FLASHINFER_TRTLLM,
+        FLASHINFER_CUTLASS and MARLIN when the layer has a swiglu_limit, and raises on an explicit
+        --moe-backend outside them; on Hopper that leaves Marlin."""
+        limit = hf.get("swiglu_limit", (hf.get("text_config") or {}).get("swiglu_limit"))
+        if self.swiglu_clamp or limit is None:
+            return None
+        return (f"bench.engine_settings: {self.name} skipped: the model sets swiglu_limit={limit} ({where}) and "
+                f"vLLM's {self.name} NVFP4 MoE does not apply the SwiGLU clamp (vLLM refuses --moe-backend "
+                f"{self.moe} there); Marlin is the only stock NVFP4 MoE choice for this model")
 
 
 SETTINGS = {s.name: s for s in (
     Setting("triton_w4a16", "triton_w4a16"),
     Setting("triton_w4a16+fp8", "triton_w4a16", fp8_prefill=True),
     Setting("marlin", "marlin"),
+    Setting("humming", "humming", swiglu_clamp=False),
     Setting("bf16", None, experts="bf16"),
     Setting("torch_emulation", "torch_emulation"),
 )}
@@ -65,6 +95,27 @@ def check_settings(names: list[str]) -> list[Setting]:
         raise ValueError(f"bench.engine_settings: expected one or more of {', '.join(SETTINGS)}, found "
                          f"{list(names)!r}; fix: e.g. bench.engine_settings=[triton_w4a16,marlin,bf16]")
     return [SETTINGS[n] for n in names]
+
+
+def servable(cfg, settings: list[Setting], ckpts: dict[str, Path]) -> list[Setting]:
+    """The settings vLLM would serve this model with: one line for each that it would refuse."""
+    from nvfp4stack.models.resolve import config_json_path
+    from nvfp4stack.plan.groups import load_config_json
+
+    out = []
+    for s in settings:
+        if not s.swiglu_clamp:
+            scfg = s.apply(cfg, ckpts.get(s.experts), Path(cfg.run_dir), cfg.engine.port)
+            path = config_json_path(scfg.model, scfg.cache_dir)
+            why = s.clamp_refusal(load_config_json(path), str(path))
+            if why:
+                print(f"[bench engine] {why}", flush=True)
+                continue
+        out.append(s)
+    if not out:
+        raise ValueError(f"bench.engine_settings: nothing left to measure on this model from "
+                         f"{[s.name for s in settings]!r}; fix: e.g. bench.engine_settings=[triton_w4a16,marlin,bf16]")
+    return out
 
 
 def synthetic_checkpoints(cfg, experts: set[str]) -> dict[str, Path]:
@@ -123,7 +174,7 @@ def _bench_serve_once(base_url: str, model: str, tokenizer: Path, *, input_len: 
     return result
 
 
-def measure(cfg, base_url: str, model: str, tokenizer: Path, log: Path) -> dict[str, float]:
+def measure(cfg, base_url: str, model: str, tokenizer: Path, log: Path, label: str = "") -> dict[str, float]:
     b = cfg.bench
     out: dict[str, float] = {}
     for batch in b.engine_batches:
@@ -132,7 +183,7 @@ def measure(cfg, base_url: str, model: str, tokenizer: Path, log: Path) -> dict[
                              concurrency=batch, seed=b.seed, log=log)
         out[f"decode b={batch} tok/s"] = r["output_throughput"]
         out[f"decode b={batch} TPOT ms"] = r["median_tpot_ms"]
-        print(f"[bench engine]   decode batch {batch}: {r['output_throughput']:,.0f} tok/s, "
+        print(f"[bench engine]   {label}decode batch {batch}: {r['output_throughput']:,.0f} tok/s, "
               f"TPOT {r['median_tpot_ms']:.2f} ms", flush=True)
     if b.engine_prefill_prompts:
         r = vllm_bench_serve(base_url, model, tokenizer, input_len=b.engine_prefill_len, output_len=1,
@@ -140,31 +191,50 @@ def measure(cfg, base_url: str, model: str, tokenizer: Path, log: Path) -> dict[
                              seed=b.seed, log=log)
         out[f"prefill {b.engine_prefill_len} tok/s"] = r["total_input_tokens"] / r["duration"]
         out[f"prefill {b.engine_prefill_len} TTFT ms"] = r["median_ttft_ms"]
-        print(f"[bench engine]   prefill {b.engine_prefill_len}: {out[f'prefill {b.engine_prefill_len} tok/s']:,.0f} "
-              f"prompt tok/s, TTFT {r['median_ttft_ms']:.1f} ms", flush=True)
+        print(f"[bench engine]   {label}prefill {b.engine_prefill_len}: "
+              f"{out[f'prefill {b.engine_prefill_len} tok/s']:,.0f} prompt tok/s, TTFT {r['median_ttft_ms']:.1f} ms",
+              flush=True)
     return out
 
 
-def speedup(metric: str, ours: float, base: float) -> float:
-    """Above 1 = ours faster: a throughput over the baseline's, or the baseline's latency over ours."""
-    return base / ours if metric.endswith((" ms", " s")) else ours / base
+def cells(results: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, Cell]]:
+    """Every round's numbers -> one Cell per (setting, metric)."""
+    return {n: {m: Cell(tuple(v)) for m, v in res.items() if v} for n, res in results.items()}
 
 
-def table(results: dict[str, dict[str, float]]) -> list[dict]:
-    """Rows = metrics, columns = settings, then ours/baseline speed-ups for every pair measured."""
+def table(results: dict[str, dict[str, list[float]]]) -> list[dict]:
+    """Rows = metrics, columns = settings (median [min-max] spread), then ours/baseline speed-ups of
+    the medians for every pair measured ("within noise" where the ranges overlap)."""
+    c = cells(results)
     names = list(results)
     ours = [n for n in names if n not in BASELINES]
     bases = [n for n in names if n in BASELINES]
-    metrics = list(dict.fromkeys(m for r in results.values() for m in r))
+    metrics = list(dict.fromkeys(m for r in c.values() for m in r))
     rows = []
     for m in metrics:
-        row = {"metric": m, **{n: round(results[n][m], 2) if m in results[n] else "" for n in names}}
+        row = {"metric": m, **{n: c[n][m].text() if m in c[n] else "" for n in names}}
         for o in ours:
             for base in bases:
-                if m in results[o] and m in results[base]:
-                    row[f"{o}/{base}"] = round(speedup(m, results[o][m], results[base][m]), 2)
+                if m in c[o] and m in c[base]:
+                    row[f"{o}/{base}"] = ratio_text(m, c[o][m], c[base][m])
         rows.append(row)
     return rows
+
+
+def spread_lines(results: dict[str, dict[str, list[float]]]) -> list[str]:
+    """Per setting, the cell whose rounds moved most, against the 5% goal. The ready time is left
+    out: the first start of a round-robin pays for cold compile caches on purpose."""
+    out = []
+    for n, cs in cells(results).items():
+        worst = worst_spread({m: cell for m, cell in cs.items() if m != READY})
+        if worst is None:
+            out.append(f"{n}: one round, no spread")
+            continue
+        m, cell = worst
+        verdict = "within" if cell.spread <= SPREAD_GOAL else "OVER"
+        out.append(f"{n}: worst {cell.spread:.1%} ({m}, {len(cell.values)} rounds), {verdict} the "
+                   f"{SPREAD_GOAL:.0%} goal")
+    return out
 
 
 def _device() -> str:
@@ -182,8 +252,8 @@ def _engine_key(scfg) -> str:
 
 
 def _saved(sub: Path, keys: dict, scfg) -> dict | None:
-    """A setting measured by an earlier run into the same run_dir, with the same keys, engine and device
-    (a long benchmark resumes where it stopped: one setting per GPU-host visit)."""
+    """A round measured by an earlier run into the same run_dir, with the same keys, engine and device
+    (a long benchmark resumes where it stopped, round by round)."""
     try:
         done = json.loads((sub / "result.json").read_text())
     except (OSError, ValueError):
@@ -192,10 +262,115 @@ def _saved(sub: Path, keys: dict, scfg) -> dict | None:
     return done if same and done.get("device") == _device() else None
 
 
+def _save(sub: Path, keys: dict, scfg, result: dict, command: str, rnd: int) -> None:
+    atomic_write_text(sub / "result.json", json.dumps(
+        {"keys": keys, "engine": _engine_key(scfg), "results": result, "command": command, "round": rnd,
+         "device": _device(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}, indent=2, default=str))
+
+
+@dataclasses.dataclass
+class Bench:
+    """One bench=engine run: what is measured, where, and what came back round by round."""
+
+    cfg: object
+    settings: list[Setting]
+    ckpts: dict[str, Path]
+    keys: dict
+    rounds: dict[str, dict[int, dict[str, float]]] = dataclasses.field(default_factory=dict)
+    commands: dict[str, str] = dataclasses.field(default_factory=dict)
+    starts: list[str] = dataclasses.field(default_factory=list)   # setting per server start, in order
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.cfg.run_dir)
+
+    def setting_dir(self, s: Setting) -> Path:
+        return self.run_dir / s.name.replace("+", "_")
+
+    def port(self, s: Setting) -> int:
+        return self.cfg.engine.port + self.settings.index(s)
+
+    def order(self) -> list[tuple[int, Setting]]:
+        by_name = {s.name: s for s in self.settings}
+        names = [s.name for s in self.settings]
+        return [(r, by_name[n]) for r, n in schedule(names, BASELINES, self.cfg.bench.engine_rounds)]
+
+    def reuse(self, r: int, s: Setting, scfg) -> bool:
+        sub = self.setting_dir(s) / f"round-{r}"
+        done = _saved(sub, self.keys, scfg)
+        if done is None:
+            return False
+        self.record(r, s, done["results"], done["command"])
+        print(f"[bench engine] round {r + 1} {s.name}: measured earlier with the same keys and engine config, "
+              f"reusing {sub / 'result.json'} (delete it to measure again)", flush=True)
+        return True
+
+    def record(self, r: int, s: Setting, result: dict[str, float], command: str) -> None:
+        self.rounds.setdefault(s.name, {})[r] = result
+        self.commands[s.name] = command
+
+    def measure_round(self, r: int, s: Setting, scfg, server, ready_s: float | None) -> None:
+        from nvfp4stack.engine.args import format_cli
+
+        base_url, model, argv, ckpt = server
+        sub = self.setting_dir(s) / f"round-{r}"
+        sub.mkdir(parents=True, exist_ok=True)
+        label = f"round {r + 1} {s.name}: "
+        result = ({READY: ready_s} if ready_s is not None else {}) | measure(
+            self.cfg, base_url, model, ckpt, sub / "vllm_bench_serve.log", label)
+        command = format_cli(argv)
+        self.record(r, s, result, command)
+        _save(sub, self.keys, scfg, result, command, r)
+
+    def start(self, s: Setting, scfg, stack: contextlib.ExitStack):
+        from nvfp4stack.tasks.serve import serving
+
+        print(f"[bench engine] {s.name}: starting the server (start {len(self.starts) + 1})", flush=True)
+        base_url, model, ready_s, argv, ckpt = stack.enter_context(serving(scfg))
+        self.starts.append(s.name)
+        print(f"[bench engine] {s.name}: ready in {ready_s:.0f} s", flush=True)
+        return (base_url, model, argv, ckpt), ready_s
+
+    def one_at_a_time(self) -> None:
+        """A server start per (round, setting): one GPU holds one vLLM server."""
+        for r, s in self.order():
+            sub = self.setting_dir(s) / f"round-{r}"
+            scfg = s.apply(self.cfg, self.ckpts.get(s.experts), sub, self.port(s))
+            if self.reuse(r, s, scfg):
+                continue
+            with contextlib.ExitStack() as stack:
+                server, ready_s = self.start(s, scfg, stack)
+                self.measure_round(r, s, scfg, server, ready_s)
+
+    def together(self) -> None:
+        """Each setting's server started once (when its first round comes), all alive at once with
+        the GPU memory split between them; every round runs on those starts."""
+        util = (self.cfg.engine.gpu_memory_utilization or DEFAULT_GPU_UTIL) / len(self.settings)
+        scfgs = {s.name: s.apply(self.cfg, self.ckpts.get(s.experts), self.setting_dir(s), self.port(s),
+                                 gpu_memory_utilization=round(util, 4)) for s in self.settings}
+        servers: dict[str, tuple] = {}
+        with contextlib.ExitStack() as stack:
+            for r, s in self.order():
+                scfg = scfgs[s.name]
+                if self.reuse(r, s, scfg):
+                    continue
+                ready_s = None
+                if s.name not in servers:
+                    servers[s.name], ready_s = self.start(s, scfg, stack)
+                self.measure_round(r, s, scfg, servers[s.name], ready_s)
+
+    def results(self) -> dict[str, dict[str, list[float]]]:
+        """{setting: {metric: [value per round, in round order]}}."""
+        out: dict[str, dict[str, list[float]]] = {}
+        for s in self.settings:
+            per = self.rounds.get(s.name, {})
+            metrics = list(dict.fromkeys(m for r in sorted(per) for m in per[r]))
+            out[s.name] = {m: [per[r][m] for r in sorted(per) if m in per[r]] for m in metrics}
+        return out
+
+
 def run(cfg) -> int:
-    from nvfp4stack.engine.args import format_cli
     from nvfp4stack.tasks.bench import format_rows
-    from nvfp4stack.tasks.serve import serving
 
     b = cfg.bench
     settings = check_settings(list(b.engine_settings))
@@ -204,32 +379,24 @@ def run(cfg) -> int:
     if b.engine_model not in ("synthetic", "recipe"):
         raise ValueError(f"bench.engine_model: expected synthetic or recipe, found {b.engine_model!r}")
     ckpts = synthetic_checkpoints(cfg, {s.experts for s in settings}) if b.engine_model == "synthetic" else {}
-    results: dict[str, dict[str, float]] = {}
-    commands: dict[str, str] = {}
-    keys = {k: getattr(b, k) for k in vars(b) if k.startswith("engine_") and k != "engine_settings"}
-    for i, s in enumerate(settings):
-        sub = run_dir / s.name.replace("+", "_")
-        scfg = s.apply(cfg, ckpts.get(s.experts), sub, cfg.engine.port + i)
-        done = _saved(sub, keys, scfg)
-        if done is not None:
-            results[s.name], commands[s.name] = done["results"], done["command"]
-            print(f"[bench engine] {s.name}: measured earlier with the same keys and engine config, reusing "
-                  f"{sub / 'result.json'} (delete it to measure again)", flush=True)
-            continue
-        print(f"[bench engine] {s.name}: starting the server ({i + 1}/{len(settings)})", flush=True)
-        with serving(scfg) as (base_url, model, ready_s, argv, ckpt):
-            commands[s.name] = format_cli(argv)
-            print(f"[bench engine] {s.name}: ready in {ready_s:.0f} s", flush=True)
-            results[s.name] = {"engine ready s": ready_s,
-                               **measure(cfg, base_url, model, ckpt, sub / "vllm_bench_serve.log")}
-        atomic_write_text(sub / "result.json", json.dumps(
-            {"keys": keys, "engine": _engine_key(scfg), "results": results[s.name], "command": commands[s.name],
-             "device": _device(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}, indent=2, default=str))
+    settings = servable(cfg, settings, ckpts)
+    # a round's numbers do not depend on how many rounds there are: a run with more rounds reuses them
+    keys = {k: getattr(b, k) for k in vars(b) if k.startswith("engine_") and k not in ("engine_settings", "engine_rounds")}
+    bench = Bench(cfg, settings, ckpts, keys)
+    print(f"[bench engine] {b.engine_rounds} round(s) of {', '.join(s.name for s in settings)}, "
+          f"servers {b.engine_servers}; order: "
+          + ", ".join(f"{r + 1}:{s.name}" for r, s in bench.order()), flush=True)
+    getattr(bench, b.engine_servers)()
+    results = bench.results()
     rows = table(results)
-    text = format_rows(rows)
-    print("\nEngine benchmark (vLLM bench serve on the recipe's server; speed-ups > 1 = ours faster):\n" + text)
+    spreads = spread_lines(results)
+    text = format_rows(rows) + "\nspread (max-min)/median per setting: " + "; ".join(spreads)
+    print(f"\nEngine benchmark (vLLM bench serve on the recipe's server, {b.engine_rounds} round(s), servers "
+          f"{b.engine_servers}; cells: median [min-max] spread; speed-ups > 1 = ours faster):\n" + text)
     atomic_write_text(run_dir / "metrics.json", json.dumps(
-        {"bench": "engine", "results": results, "rows": rows, "commands": commands,
+        {"bench": "engine", "results": results,
+         "summary": {n: {m: c.to_dict() for m, c in cs.items()} for n, cs in cells(results).items()},
+         "rows": rows, "spread": spreads, "commands": bench.commands, "server_starts": bench.starts,
          "config": {k: getattr(b, k) for k in vars(b) if k.startswith("engine_")},
          "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "device": _device(), "versions": versions()},
         indent=2, default=str))

@@ -10,8 +10,10 @@ tiles the forward picks, every decode tile candidate that fits the shape, the Tr
 path, and bf16 ``torch._grouped_mm`` on the same routing (gather, two grouped GEMMs, SwiGLU), and
 prints us and TB/s on the NVFP4 bytes of the experts that received tokens. Where vLLM for CUDA is
 installed (the offline bundle), vLLM's fused Marlin NVFP4 MoE runs on the same weights
-(bench/marlin_moe.py). Every run checks the picked tiles and Marlin against the fp32 twin on its
-fresh random inputs and exits 1 where either is off by more than 1e-2.
+(bench/marlin_moe.py), and so does vLLM 0.26's Humming NVFP4 MoE where the ``humming`` package is
+installed too (bench/humming_moe.py; unclamped SwiGLU, as vLLM runs it). Every run checks the picked
+tiles, Marlin and Humming against the fp32 twin on its fresh random inputs and exits 1 where any is
+off by more than 1e-2.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import os
 
 import torch
 
-from nvfp4stack.bench import marlin_moe
+from nvfp4stack.bench import humming_moe, marlin_moe
 from nvfp4stack.bench.cold_l2 import cold_time_us, flush_buffer
 from nvfp4stack.bench.moe_kernel import SHAPES, _bf16_pipeline, _short, _time_ms, dequant_all, random_nvfp4_experts
 from nvfp4stack.kernels.moe.hopper_w4a16.torch_twin import nvfp4_moe_forward
@@ -54,6 +56,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--marlin", choices=("auto", "on", "off"), default="auto",
                     help="vLLM's fused Marlin NVFP4 MoE on the same weights (needs vLLM for CUDA): "
                          "auto = where importable, on = refuse to run without it")
+    ap.add_argument("--humming", choices=("auto", "on", "off"), default="auto",
+                    help="vLLM's Humming NVFP4 MoE on the same weights, unclamped SwiGLU (needs vLLM 0.26's CUDA "
+                         "build and humming-kernels): auto = where it runs, on = refuse to run without it")
     ap.add_argument("--layout", choices=("auto", "rows", "tiles"), default="auto",
                     help="packed weight bytes of our kernels: auto = what triton_w4a16's prepare gives on this "
                          "GPU (tiles on sm90 where the shape tiles), rows = the checkpoint's row-major bytes, "
@@ -107,6 +112,18 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         marlin = marlin_moe.prepare(w13, w2) if ok else None
         print(f"marlin column: {why if ok else 'left out: ' + why}")
+    humming = None
+    if a.humming != "off":
+        ok, why = humming_moe.available()
+        if ok:
+            try:
+                humming = humming_moe.prepare(w13, w2, k, max(token_counts(a.tokens, a.rows, e, k)))
+            except Exception as exc:  # noqa: BLE001 - a baseline that cannot start is left out, said why
+                ok, why = False, f"vLLM's Humming preparation failed ({type(exc).__name__}: {str(exc)[:200]})"
+        if not ok and a.humming == "on":
+            print(f"moe_few_tokens: --humming on, but {why}")
+            return 2
+        print(f"humming column: {why if ok else 'left out: ' + why}")
     flush = flush_buffer(dev) if a.l2 == "cold" else None
 
     def timed(fn, rep: int = 60) -> float:  # ms
@@ -139,6 +156,18 @@ def main(argv: list[str] | None = None) -> int:
             if marlin is not None:
                 err_marlin = _rel_err(marlin_moe.forward(marlin, x, wts, ids, swiglu_limit=10.0), ref)
                 t_marlin = timed(lambda: marlin_moe.forward(marlin, x, wts, ids, swiglu_limit=10.0))
+            t_humming = err_humming = None
+            if humming is not None:  # no clamp in vLLM's Humming: against the unclamped twin
+                ref_plain = nvfp4_moe_forward(x.float(), w13, w2, wts, ids, swiglu_limit=None)
+                try:
+                    err_humming = _rel_err(humming_moe.forward(humming, x, wts, ids), ref_plain)
+                    t_humming = timed(lambda: humming_moe.forward(humming, x, wts, ids))
+                except Exception as exc:  # noqa: BLE001 - auto: the column stops, the bench goes on
+                    if a.humming == "on":
+                        raise
+                    print(f"humming column: left out from {kind} T={tokens} on: {type(exc).__name__}: "
+                          f"{str(exc)[:200]}")
+                    humming, t_humming, err_humming = None, None, None
             t_bf16 = timed(lambda: _bf16_pipeline(x_sorted, w13t, w2t, offs, 10.0))
             best, t_best = heur, t_heur
             for cand in cands + ([tw.pick_config(tokens * k / e)] if a.sweep else []):
@@ -154,21 +183,26 @@ def main(argv: list[str] | None = None) -> int:
                     best, t_best = cand, t
             marlin_cells = ("", "", "") if t_marlin is None else (
                 f"{t_marlin * 1e3:.1f}", f"{t_marlin / t_heur:.2f}x", f"{err_marlin:.1e}")
+            humming_cells = ("", "", "") if t_humming is None else (
+                f"{t_humming * 1e3:.1f}", f"{t_humming / t_heur:.2f}x", f"{err_humming:.1e}")
             row = (kind, tokens, tokens * k / e, f"{active} / {busiest}", t_heur * 1e3, nbytes / t_heur / 1e9, f"{err:.1e}",
-                   t_best * 1e3, _short(best), t_bf16 * 1e3, t_bf16 / t_heur, *marlin_cells)
+                   t_best * 1e3, _short(best), t_bf16 * 1e3, t_bf16 / t_heur, *marlin_cells, *humming_cells)
             summary.append(row)
             print(f"  {kind:7s} T={tokens:3d} active={active:3d} picked {_short(heur)}: {t_heur * 1e3:.1f} us, "
                   f"rel err {err:.2e}" + ("" if t_marlin is None else
-                                         f"; marlin {t_marlin * 1e3:.1f} us, rel err {err_marlin:.2e}"))
-            if err > 1e-2 or (err_marlin is not None and err_marlin > 1e-2):
+                                         f"; marlin {t_marlin * 1e3:.1f} us, rel err {err_marlin:.2e}")
+                  + ("" if t_humming is None else f"; humming {t_humming * 1e3:.1f} us, rel err {err_humming:.2e}"))
+            if any(v is not None and v > 1e-2 for v in (err, err_marlin, err_humming)):
                 marlin_err = "not run" if err_marlin is None else f"{err_marlin:.2e}"
-                bad.append(f"{kind} T={tokens}: rel err ours {err:.2e}, marlin {marlin_err}")
+                humming_err = "not run" if err_humming is None else f"{err_humming:.2e}"
+                bad.append(f"{kind} T={tokens}: rel err ours {err:.2e}, marlin {marlin_err}, humming {humming_err}")
     print("\n| routing | tokens | rows/expert | active experts / busiest rows | picked us | picked TB/s | picked rel err | best us "
-          "| best tile | bf16 us | picked vs bf16 | marlin us | picked vs marlin | marlin rel err |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| best tile | bf16 us | picked vs bf16 | marlin us | picked vs marlin | marlin rel err "
+          "| humming us | picked vs humming | humming rel err (no clamp) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in summary:
         print(f"| {r[0]} | {r[1]} | {r[2]:.1f} | {r[3]} | {r[4]:.1f} | {r[5]:.2f} | {r[6]} | {r[7]:.1f} | {r[8]} "
-              f"| {r[9]:.1f} | {r[10]:.2f}x | {r[11]} | {r[12]} | {r[13]} |")
+              f"| {r[9]:.1f} | {r[10]:.2f}x | {r[11]} | {r[12]} | {r[13]} | {r[14]} | {r[15]} | {r[16]} |")
     if bad:  # a speed figure of a wrong result is no figure
         print("moe_few_tokens: relative error above 1e-2 against the fp32 twin:\n  " + "\n  ".join(bad))
         return 1

@@ -1,5 +1,7 @@
 """``bench=engine``: settings change only their keys; the table's speed-ups point the right way;
-and the whole benchmark runs live on CPU (two vLLM servers, vLLM's own ``bench serve``)."""
+rounds run interleaved on the server starts each mode promises, and resume; Humming is served with
+vLLM's own flag and skipped on a clamped model; and the whole benchmark runs live on CPU (vLLM
+servers, vLLM's own ``bench serve``)."""
 import json
 import socket
 import subprocess
@@ -8,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from nvfp4stack.bench.engine import SETTINGS, check_settings, speedup, table
+from nvfp4stack.bench.engine import SETTINGS, check_settings, table
+from nvfp4stack.bench.rounds import speedup
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path("~/.cache/nvfp4stack").expanduser()
@@ -41,16 +44,24 @@ def test_settings_change_only_their_keys(tmp_path):
 
 
 def test_table_speedups_are_ours_over_baseline_for_throughput_and_inverse_for_latency():
-    results = {"triton_w4a16": {"decode b=8 tok/s": 3000.0, "decode b=8 TPOT ms": 2.0},
-               "marlin": {"decode b=8 tok/s": 2000.0, "decode b=8 TPOT ms": 3.0},
-               "bf16": {"decode b=8 tok/s": 1500.0, "decode b=8 TPOT ms": 5.0}}
+    results = {"triton_w4a16": {"decode b=8 tok/s": [3000.0, 2990.0, 3010.0], "decode b=8 TPOT ms": [2.0, 2.0, 2.0]},
+               "marlin": {"decode b=8 tok/s": [2000.0, 2010.0, 1990.0], "decode b=8 TPOT ms": [3.0, 3.1, 2.9]},
+               "bf16": {"decode b=8 tok/s": [1500.0, 1500.0, 1500.0], "decode b=8 TPOT ms": [5.0, 5.0, 5.0]}}
     rows = {r["metric"]: r for r in table(results)}
-    assert rows["decode b=8 tok/s"]["triton_w4a16/marlin"] == 1.5
-    assert rows["decode b=8 tok/s"]["triton_w4a16/bf16"] == 2.0
-    assert rows["decode b=8 TPOT ms"]["triton_w4a16/marlin"] == 1.5
-    assert rows["decode b=8 TPOT ms"]["triton_w4a16/bf16"] == 2.5
+    assert rows["decode b=8 tok/s"]["triton_w4a16/marlin"] == "1.50"
+    assert rows["decode b=8 tok/s"]["triton_w4a16/bf16"] == "2.00"
+    assert rows["decode b=8 TPOT ms"]["triton_w4a16/marlin"] == "1.50"
+    assert rows["decode b=8 TPOT ms"]["triton_w4a16/bf16"] == "2.50"
     assert "marlin/bf16" not in rows["decode b=8 tok/s"]   # baselines are not compared with each other
+    assert rows["decode b=8 tok/s"]["triton_w4a16"] == "3,000 [2,990-3,010] 0.7%"
     assert speedup("engine ready s", 200.0, 100.0) == 0.5
+
+
+def test_table_says_within_noise_where_the_rounds_overlap():
+    results = {"ours": {"decode b=1 tok/s": [583.0, 416.0, 560.0]},
+               "humming": {"decode b=1 tok/s": [550.0, 540.0, 545.0]}}
+    row = table(results)[0]
+    assert row["ours/humming"] == "within noise (1.03)" and row["ours"] == "560 [416-583] 29.8%"
 
 
 @pytest.mark.slow
@@ -62,6 +73,7 @@ def test_engine_bench_runs_live_on_cpu(tmp_path, request):
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "main.py", "bench", "bench=engine", "bench.engine_model=recipe",
            "bench.engine_settings=[torch_emulation,bf16]", "bench.engine_batches=[1,4]", "bench.engine_decode_waves=2",
+           "bench.engine_rounds=2",
            "bench.engine_input_len=16", "bench.engine_output_len=8", "bench.engine_prefill_len=64",
            "bench.engine_prefill_prompts=2", "bench.engine_prefill_concurrency=2",
            f"engine.port={free_port()}", f"run_dir={run_dir}", f"cache_dir={CACHE}", "engine.ready_timeout_s=900"]
@@ -70,20 +82,21 @@ def test_engine_bench_runs_live_on_cpu(tmp_path, request):
     assert "Engine benchmark" in r.stdout and "torch_emulation/bf16" in r.stdout
     m = json.loads((run_dir / "metrics.json").read_text())
     assert set(m["results"]) == {"torch_emulation", "bf16"}
+    assert m["server_starts"] == ["torch_emulation", "bf16", "bf16", "torch_emulation"]   # a start per round
     for name, res in m["results"].items():
         assert set(res) == {"engine ready s", "decode b=1 tok/s", "decode b=1 TPOT ms", "decode b=4 tok/s",
                             "decode b=4 TPOT ms", "prefill 64 tok/s", "prefill 64 TTFT ms"}, name
-        assert all(v > 0 for v in res.values()), (name, res)
+        assert all(len(v) == 2 and min(v) > 0 for v in res.values()), (name, res)
     assert "--quantization nvfp4stack" in m["commands"]["torch_emulation"]
     assert "--quantization" not in m["commands"]["bf16"]  # vLLM's own unquantized MoE: no plugin config
-    bf16_log = (run_dir / "bf16" / "vllm_server.log").read_text(errors="replace")
+    bf16_log = (run_dir / "bf16" / "round-0" / "vllm_server.log").read_text(errors="replace")
     assert "Nvfp4StackModelOptMoE" not in bf16_log
-    emu_log = (run_dir / "torch_emulation" / "vllm_server.log").read_text(errors="replace")
+    emu_log = (run_dir / "torch_emulation" / "round-1" / "vllm_server.log").read_text(errors="replace")
     assert "-> Nvfp4StackModelOptMoE" in emu_log
 
 
 def test_a_setting_measured_earlier_is_reused_only_with_the_same_keys_engine_and_device(tmp_path):
-    """One setting per GPU-host visit: a rerun into the same run_dir picks up what is already measured."""
+    """A rerun into the same run_dir picks up the rounds already measured."""
     from nvfp4stack.bench.engine import _device, _engine_key, _saved
     from nvfp4stack.cli import compose_config
 
@@ -108,3 +121,137 @@ def test_decode_waves_below_one_is_refused_with_the_fix():
 
     with pytest.raises(ValueError, match=r"bench.engine_decode_waves: expected >= 1.*found 0.*fix"):
         BenchConfig(name="engine", engine_decode_waves=0)
+
+
+def test_rounds_and_servers_keys_are_checked_with_the_fix():
+    from nvfp4stack.bench.config import BenchConfig
+
+    with pytest.raises(ValueError, match=r"bench.engine_rounds: expected >= 1.*found 0.*fix: bench.engine_rounds=3"):
+        BenchConfig(name="engine", engine_rounds=0)
+    with pytest.raises(ValueError, match=r"bench.engine_servers: expected one of one_at_a_time, together, found "
+                                         r"'togther'; did you mean together\?; fix"):
+        BenchConfig(name="engine", engine_servers="togther")
+    assert BenchConfig().engine_rounds == 3 and "humming" in BenchConfig().engine_settings
+
+
+@pytest.fixture
+def fake_servers(monkeypatch):
+    """serving() and measure() stand-ins: every start and every measured round is logged; a setting's
+    tok/s is its base plus the round's drift (the host slows down round by round)."""
+    import contextlib
+
+    import nvfp4stack.bench.engine as eng
+    import nvfp4stack.tasks.serve as serve
+
+    log = []
+    base = {"triton_w4a16": 3000.0, "marlin": 2000.0, "bf16": 2960.0}
+
+    @contextlib.contextmanager
+    def serving(scfg):
+        log.append(("start", scfg.backend.moe if scfg.precision.routed_experts != "bf16" else "bf16",
+                    scfg.engine.port, scfg.engine.gpu_memory_utilization))
+        yield f"http://127.0.0.1:{scfg.engine.port}/v1", "m", 10.0 + len(log), ["python", "-m", "vllm"], Path(".")
+
+    def measure(cfg, base_url, model, tokenizer, log_path, label=""):
+        setting = label.split()[2].rstrip(":")
+        rnd = int(label.split()[1])
+        log.append(("measure", setting, rnd, base_url))
+        return {"decode b=1 tok/s": base[setting] - 20.0 * rnd, "decode b=1 TPOT ms": 1.0 + rnd / 100}
+
+    monkeypatch.setattr(serve, "serving", serving)
+    monkeypatch.setattr(eng, "measure", measure)
+    return log
+
+
+def _bench_cfg(tmp_path, *extra):
+    from nvfp4stack.cli import compose_config
+
+    return compose_config("recipe=tiny_v3_h200", "bench=engine", "bench.engine_model=recipe", "engine.port=8100",
+                          "bench.engine_settings=[triton_w4a16,marlin,bf16]", f"run_dir={tmp_path / 'run'}", *extra)
+
+
+def test_one_at_a_time_starts_a_server_per_round_in_interleaved_order_and_keeps_every_round(tmp_path, fake_servers):
+    from nvfp4stack.bench import engine
+
+    assert engine.run(_bench_cfg(tmp_path)) == 0
+    starts = [e[1] for e in fake_servers if e[0] == "start"]
+    assert starts == ["triton_w4a16", "marlin", "bf16", "bf16", "marlin", "triton_w4a16",
+                      "triton_w4a16", "marlin", "bf16"]
+    m = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert m["results"]["triton_w4a16"]["decode b=1 tok/s"] == [2980.0, 2960.0, 2940.0]   # round order, all kept
+    assert m["results"]["marlin"]["engine ready s"] == [13.0, 19.0, 25.0]                 # one per start
+    assert m["summary"]["marlin"]["decode b=1 tok/s"]["median"] == 1960.0
+    rows = {r["metric"]: r for r in m["rows"]}
+    assert rows["decode b=1 tok/s"]["triton_w4a16/marlin"] == "1.51"
+    assert rows["decode b=1 tok/s"]["triton_w4a16/bf16"] == "within noise (1.01)"    # 2940-2980 vs 2900-2940
+    table_txt = (tmp_path / "run" / "table.txt").read_text()
+    assert "triton_w4a16: worst 2.0% (decode b=1 TPOT ms, 3 rounds), within the 5% goal" in table_txt
+    assert (tmp_path / "run" / "marlin" / "round-2" / "result.json").is_file()
+
+
+def test_together_starts_each_server_once_and_splits_the_gpu_memory(tmp_path, fake_servers):
+    from nvfp4stack.bench import engine
+
+    assert engine.run(_bench_cfg(tmp_path, "bench.engine_servers=together")) == 0
+    starts = [e for e in fake_servers if e[0] == "start"]
+    assert [s[1] for s in starts] == ["triton_w4a16", "marlin", "bf16"]
+    assert {s[3] for s in starts} == {round(0.5 / 3, 4)}           # the recipe's 0.5, three servers alive
+    measured = [(e[1], e[2]) for e in fake_servers if e[0] == "measure"]
+    assert measured == [("triton_w4a16", 1), ("marlin", 1), ("bf16", 1), ("bf16", 2), ("marlin", 2),
+                        ("triton_w4a16", 2), ("triton_w4a16", 3), ("marlin", 3), ("bf16", 3)]
+    m = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert m["results"]["bf16"]["engine ready s"] == [15.0] and len(m["results"]["bf16"]["decode b=1 tok/s"]) == 3
+
+
+def test_a_rerun_measures_only_the_rounds_missing(tmp_path, fake_servers):
+    from nvfp4stack.bench import engine
+
+    assert engine.run(_bench_cfg(tmp_path, "bench.engine_rounds=2")) == 0
+    fake_servers.clear()
+    assert engine.run(_bench_cfg(tmp_path, "bench.engine_rounds=3")) == 0   # rounds 1-2 reused, round 3 run
+    assert [e[1] for e in fake_servers if e[0] == "start"] == ["triton_w4a16", "marlin", "bf16"]
+    m = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert m["results"]["marlin"]["decode b=1 tok/s"] == [1980.0, 1960.0, 1940.0]
+
+
+def test_humming_is_vllms_own_moe_backend_flag_accepted_by_its_parser(tmp_path):
+    pytest.importorskip("vllm")
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from nvfp4stack.bench.engine import servable
+    from nvfp4stack.cli import compose_config
+    from nvfp4stack.engine.args import server_argv
+    from nvfp4stack.engine.plan_section import engine_plan_for
+
+    cfg = compose_config("recipe=tiny_v3_h200", f"run_dir={tmp_path}")
+    ckpt = tmp_path / "q"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps({"model_type": "deepseek_v3", "num_hidden_layers": 2}))
+    assert [s.name for s in servable(cfg, [SETTINGS["humming"]], {"nvfp4": ckpt})] == ["humming"]  # no clamp
+    scfg = SETTINGS["humming"].apply(cfg, None, tmp_path / "run", 8126)   # planned over the recipe's model
+    plan = engine_plan_for(scfg)
+    assert plan.roles["routed_experts"]["kernel"] == "humming"
+    argv = server_argv(scfg.engine, model=str(ckpt), served_name=scfg.model.served_name, plan=plan)
+    ea = AsyncEngineArgs.from_cli_args(make_arg_parser(FlexibleArgumentParser()).parse_args(argv[3:]))
+    assert ea.moe_backend == "humming" and "--quantization" not in argv   # vLLM's Humming, not our plugin
+
+
+def test_humming_is_skipped_on_a_clamped_model_with_one_line(tmp_path, capsys):
+    from nvfp4stack.bench.engine import servable
+    from nvfp4stack.cli import compose_config
+
+    cfg = compose_config("recipe=dsv4_flash_h200", f"run_dir={tmp_path}")   # DeepSeek-V4: swiglu_limit 10.0
+    kept = servable(cfg, [SETTINGS["triton_w4a16"], SETTINGS["humming"], SETTINGS["marlin"]], {})
+    assert [s.name for s in kept] == ["triton_w4a16", "marlin"]
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and out[0].startswith("[bench engine] bench.engine_settings: humming skipped: the model "
+                                               "sets swiglu_limit=10.0 (")
+    assert out[0].endswith("Marlin is the only stock NVFP4 MoE choice for this model")
+    with pytest.raises(ValueError, match=r"bench.engine_settings: nothing left to measure on this model from "
+                                         r"\['humming'\]; fix"):
+        servable(cfg, [SETTINGS["humming"]], {})
+    assert SETTINGS["humming"].clamp_refusal({"text_config": {"swiglu_limit": 7.0}}, "c.json").startswith(
+        "bench.engine_settings: humming skipped: the model sets swiglu_limit=7.0 (c.json)")
+    assert SETTINGS["marlin"].clamp_refusal({"swiglu_limit": 10.0}, "c.json") is None

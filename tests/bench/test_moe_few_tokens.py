@@ -38,12 +38,15 @@ def test_rel_err_names_non_finite_outputs_and_measures():
     assert mf._rel_err(poisoned, ref) == float("inf")
 
 
-def test_marlin_and_sweep_flags_parse():
-    a = mf.parser().parse_args(["--marlin", "on", "--no-sweep"])
-    assert a.marlin == "on" and a.sweep is False
-    assert mf.parser().parse_args([]).marlin == "auto" and mf.parser().parse_args([]).sweep is True
+def test_marlin_humming_and_sweep_flags_parse():
+    a = mf.parser().parse_args(["--marlin", "on", "--humming", "off", "--no-sweep"])
+    assert a.marlin == "on" and a.humming == "off" and a.sweep is False
+    d = mf.parser().parse_args([])
+    assert d.marlin == "auto" and d.humming == "auto" and d.sweep is True
     with pytest.raises(SystemExit):
         mf.parser().parse_args(["--marlin", "maybe"])
+    with pytest.raises(SystemExit):
+        mf.parser().parse_args(["--humming", "maybe"])
 
 
 def test_rows_give_the_batch_that_reaches_each_average_and_l2_is_cold_by_default():

@@ -93,3 +93,20 @@ def test_unknown_descriptor_is_a_usage_error(tool, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "dsv4_flsh" in err and "dsv4_flash" in err
     assert not (tmp_path / "x").exists()
+
+
+def test_peak_rss_sums_a_parent_and_its_child(tmp_path):
+    """bench/tools/peak_rss.py: a parent holding ~150 MB while its child holds ~150 MB peaks at their sum."""
+    import subprocess
+    import sys
+
+    hold = "b = bytearray(150 << 20); b[::4096] = b'x' * len(b[::4096])"   # every page touched
+    child = f"import time; {hold}; time.sleep(1.5)"
+    parent = f"import subprocess, sys; {hold}; subprocess.run([sys.executable, '-c', {child!r}])"
+    out = tmp_path / "peak.json"
+    r = subprocess.run([sys.executable, str(ROOT / "bench/tools/peak_rss.py"), "--json", str(out), "--",
+                        sys.executable, "-c", parent], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.startswith("peak_rss: exit 0")
+    d = json.loads(out.read_text())
+    assert d["peak_tree_rss_bytes"] >= 300 << 20 > d["largest_process_maxrss_bytes"]

@@ -35,11 +35,7 @@ python3 main.py recipe=dsv4_flash_h200 "${depth[@]}" engine.tp="$TP" engine.ep="
     > "$OUT/$TAG.serve.log" 2>&1 &
 pid=$!
 ready=""
-for _ in $(seq 1 "${READY_TIMEOUT_S:-540}"); do
-    if grep -q "engine ready" "$OUT/$TAG.serve.log" 2>/dev/null; then ready=1; break; fi
-    kill -0 $pid 2>/dev/null || break
-    sleep 1
-done
+bash nvfp4stack/bundle/gpu_host.sh wait-ready "$OUT/$TAG.serve.log" $pid "${READY_TIMEOUT_S:-540}" && ready=1
 echo "$TAG: ready after $(( $(date +%s) - t0 )) s: ${ready:-no}"
 rc=1
 if [ -n "$ready" ]; then

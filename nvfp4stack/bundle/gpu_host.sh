@@ -3,6 +3,8 @@
 #   bash nvfp4stack/bundle/gpu_host.sh stage CHUNK_DIR...   copy carried chunk folders into $BUNDLE
 #   bash nvfp4stack/bundle/gpu_host.sh install              verify every chunk, install into $SITE
 #   bash nvfp4stack/bundle/gpu_host.sh pythonpath           the PYTHONPATH that sees $SITE (its .pth files too)
+#   bash nvfp4stack/bundle/gpu_host.sh wait-ready LOG PID [TIMEOUT_S]
+#       wait until `serve`'s output LOG says "engine ready" (exit 0), PID exits or TIMEOUT_S passes (1)
 #   bash nvfp4stack/bundle/gpu_host.sh serve-check RECIPE CKPT BF16 [overrides...]
 #       `python main.py recipe=RECIPE model.path=CKPT serve` in the background; once ready, the openai
 #       client checks and the logprob deltas against the reference (nvfp4stack.engine.openai_check);
@@ -23,6 +25,17 @@ site_path() {
     echo "$p"
 }
 
+# "engine ready" in serve's output $1 while process $2 lives, within $3 s (default 600)
+wait_ready() {
+    local _
+    for _ in $(seq 1 "${3:-600}"); do
+        grep -q "engine ready" "$1" 2>/dev/null && return 0
+        kill -0 "$2" 2>/dev/null || return 1
+        sleep 1
+    done
+    return 1
+}
+
 case "${1:-}" in
 stage)
     shift
@@ -39,6 +52,9 @@ install)
     ;;
 pythonpath)
     site_path
+    ;;
+wait-ready)
+    wait_ready "$2" "$3" "${4:-600}"
     ;;
 serve-check)
     recipe=$2 ckpt=$3 bf16=$4
@@ -60,11 +76,7 @@ PY
         > "$OUT/serve_stdout.log" 2>&1 &
     pid=$!
     ready=""
-    for _ in $(seq 1 ${READY_TIMEOUT_S:-600}); do
-        if grep -q "engine ready" "$OUT/serve_stdout.log" 2>/dev/null; then ready=1; break; fi
-        kill -0 $pid 2>/dev/null || break
-        sleep 1
-    done
+    wait_ready "$OUT/serve_stdout.log" $pid "${READY_TIMEOUT_S:-600}" && ready=1
     echo "ready after $(( $(date +%s) - t0 )) s: ${ready:-no}"
     rc=0
     if [ -n "$ready" ]; then
@@ -82,7 +94,7 @@ PY
     exit $rc
     ;;
 *)
-    echo "usage: $0 stage DIR... | install | pythonpath | serve-check RECIPE CKPT BF16 [overrides...]" >&2
+    echo "usage: $0 stage DIR... | install | pythonpath | wait-ready LOG PID [S] | serve-check RECIPE CKPT BF16 [overrides...]" >&2
     exit 2
     ;;
 esac

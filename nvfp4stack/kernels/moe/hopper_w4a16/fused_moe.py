@@ -162,7 +162,7 @@ DECODE_MAX_ROWS_PER_EXPERT = 64
 # balanced: at an average of 8 rows per expert the busiest expert gets 14-20 rows (uniform top-6 draws
 # over 32-64 experts) and 45-72 under Zipf-1.1 skew, so an 8-token block splits most experts in two
 # and the weights are dequantized twice. Measured on an H200 with the L2 flushed before every call
-# (tests/kernels/moe/decode_profile.py, Flash/Pro at 32/48/64 experts, uniform and Zipf):
+# (bench/tools/decode_profile.py, Flash/Pro at 32/48/64 experts, uniform and Zipf):
 # - below 0.5 rows (a few tokens): L1 8 warps x 1 m-tile x BK=256, L2 2 m-tiles x BK=128 with register
 #   prefetch;
 # - 0.5 to 5 rows: the wgmma kernels (_decode_wgmma.py), 16 tokens, one warpgroup x 64 rows, BK=128,

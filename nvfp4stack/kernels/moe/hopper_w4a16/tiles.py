@@ -2,7 +2,7 @@
 
 A decode CTA reads 64 weight rows a K step at a time: 64 bytes (128 E2M1 codes) of each row, rows
 K/2 bytes apart in the checkpoint's row-major layout. Such a stream reaches 2.25-2.56 TB/s on an
-H200 against 3.80-3.89 TB/s for the same bytes stored contiguously (tests/kernels/moe/dram_pattern.py,
+H200 against 3.80-3.89 TB/s for the same bytes stored contiguously (bench/tools/dram_pattern.py,
 bench/moe_kernel_notes.md tenth pass). ``to_tiles`` moves the bytes of each [E, N, K/2] expert
 tensor so that every atom of 64 rows x 64 bytes is one contiguous 4 KB block:
 

@@ -1,7 +1,7 @@
 """Device script (not a pytest module): correctness and CUDA-graph timing of the W4A16 decode
 variants against the Triton path and bf16 ``torch._grouped_mm``, DSV4 Flash/Pro, 32 experts, top-4.
 
-Usage (repo root, GPU host): python3 tests/kernels/moe/decode_variants.py [--shapes flash,pro] [--tokens 1,4,16]
+Usage (repo root, GPU host): python3 bench/tools/decode_variants.py [--shapes flash,pro] [--tokens 1,4,16]
 Prints one line per measurement (with --split 1, also the per-kernel device times of the default
 and of the best variant: L1, L2, routing, top-k sum) and a table last.
 """

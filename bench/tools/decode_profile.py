@@ -1,7 +1,7 @@
 """Device script (not a pytest module): decode tiles of the W4A16 MoE at real EP loads, cold L2.
 
 Usage (repo root, GPU host):
-  python3 tests/kernels/moe/decode_profile.py [--loads flash64,pro48] [--rows 1,2,4,8,16]
+  python3 bench/tools/decode_profile.py [--loads flash64,pro48] [--rows 1,2,4,8,16]
       [--routing uniform,zipf] [--cands 16/4/64/4/0,8/4/128/2/0+8/2/128/4/1] [--split 8,16] [--layout tiles|rows]
 
 A load is (shape, local experts, top-6) at ``rows`` average routed rows per expert
@@ -48,7 +48,7 @@ def main() -> int:
     from nvfp4stack.kernels.moe.hopper_w4a16 import fused_moe as tw
     from nvfp4stack.kernels.moe.hopper_w4a16 import tiles
     from nvfp4stack.kernels.moe.hopper_w4a16.torch_twin import nvfp4_moe_forward
-    from tests.kernels.moe.decode_variants import kernel_split
+    from bench.tools.decode_variants import kernel_split
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--loads", default="flash64,pro48")

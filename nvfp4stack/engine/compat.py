@@ -37,7 +37,7 @@ def triton_jit_hook_suspended():
     vLLM 0.26's JIT monitor (vllm/utils/jit_monitor.py) sets that hook after warm-up, and Triton
     then JSON-encodes every kernel's constexprs before calling it; the Gluon decode kernels' layout
     constexprs are not JSON-serializable, so the first compile after warm-up raised TypeError
-    (CONTEXT 5a). Newer vLLM guards the call; for the range tested here the hook is lifted only
+    (seen on vLLM 0.26, H200). Newer vLLM guards the call; for the range tested here the hook is lifted only
     around our own launches (the monitor only logs; nothing else is lost).
     """
     try:

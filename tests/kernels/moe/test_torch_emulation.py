@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from nvfp4stack.arch import KNOWN_ARCHS
+from nvfp4stack.formats.mxfp4 import BLOCK, E8M0_BIAS, Mxfp4Tensor
 from nvfp4stack.formats.nvfp4 import quantize_nvfp4
 from nvfp4stack.kernels.base import MOE_BACKENDS
 from nvfp4stack.kernels.moe.hopper_w4a16.torch_twin import nvfp4_moe_forward
@@ -178,10 +179,8 @@ def test_mxfp4_experts_match_transformers_on_vllm_dequantized_weights():
         nvfp4_moe_forward(x, w13, w2, wts, ids, a13_scale=torch.ones(8))
 
 
-def _random_mxfp4(g, shape) -> "Mxfp4Tensor":
+def _random_mxfp4(g, shape) -> Mxfp4Tensor:
     """Raw MXFP4 bytes: every E2M1 code (±0 and ±6 included) and per-block UE8M0 scales over 2^-8..2^4."""
-    from nvfp4stack.formats.mxfp4 import BLOCK, E8M0_BIAS, Mxfp4Tensor
-
     *lead, k = shape
     data = torch.randint(0, 256, (*lead, k // 2), generator=g, dtype=torch.uint8)
     scale = torch.randint(E8M0_BIAS - 8, E8M0_BIAS + 5, (*lead, k // BLOCK), generator=g, dtype=torch.uint8)

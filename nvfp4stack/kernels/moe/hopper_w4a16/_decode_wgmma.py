@@ -4,12 +4,12 @@ Imported lazily, sm90 hosts only (Triton >= 3.6 with ``triton.experimental.gluon
 
 Why: the mma.sync kernels (_decode_gluon.py) pay per token. Every warp loads the whole token
 tile, permutes it into B fragments and issues one mma.sync per 8 tokens, so a 16-token block
-costs ~1.5x the instructions of an 8-token one (bench/moe_kernel_notes.md, seventh pass). Here
+costs ~1.5x the instructions of an 8-token one (bench/moe_kernel_notes_history.md, seventh pass). Here
 the weights are dequantized exactly as there, straight into wgmma's A registers, and the
 tokens are wgmma's N, read by the tensor core from shared memory: nothing per token is issued
 by the warps. Row pointers and epilogues are _decode_gluon's.
 
-Two ways to stage the operands (bench/moe_kernel_notes.md, eighth pass):
+Two ways to stage the operands (bench/moe_kernel_notes_history.md, eighth pass):
 - RING (the tiles decode_pair picks): each K step's weight words and token tile arrive by
   cp.async in one ring of D + 1 slots, D steps in flight, the scales a round of D + 1 steps at a
   time (16 bytes per row; tenth pass); one CTA is one warpgroup.
@@ -54,7 +54,7 @@ def wgmma_layouts(num_warps: int, mrep: int, block_t: int, block_k: int, chunk: 
                           warps_per_cta=[wx, num_warps // wx], order=[1, 0])
     # the ring's scales of one round of ``slots`` K steps [rows, slots * block_k / 16] bytes, 16 per thread
     # (8-byte copies of one step's scales, rows 256 bytes apart, were 40% of the ring's shared-memory
-    # wavefronts; 16-byte copies of a round took 3-17% off the ring: bench/moe_kernel_notes.md, tenth pass)
+    # wavefronts; 16-byte copies of a round took 3-17% off the ring: bench/moe_kernel_notes_history.md, tenth pass)
     cols = max(slots, 1) * block_k // 16
     ts_k = max(1, cols // 16)
     sc = gl.BlockedLayout(size_per_thread=[1, min(cols, 16)], threads_per_warp=[32 // ts_k, ts_k],
@@ -155,7 +155,7 @@ def _ring_issue(step, NSTEPS, w_slot, x_slot, w32_ptrs, x_step_ptrs, x_mask, BK:
     """One cp.async group: K step ``step``'s weight words and token tile into one ring slot
     (an empty group past the last step, so that the group count stays uniform). Padding token rows
     (x_mask false) are zero-filled, not read: a 32-token tile at 16 rows per expert is half padding,
-    and reading it cost the 32-token ring 9-18% (bench/moe_kernel_notes.md, ninth pass)."""
+    and reading it cost the 32-token ring 9-18% (bench/moe_kernel_notes_history.md, ninth pass)."""
     if step < NSTEPS:
         async_copy.async_copy_global_to_shared(w_slot, w32_ptrs + _w_word_step(step, BK, TILED))
         async_copy.async_copy_global_to_shared(x_slot, x_step_ptrs + step * BK, mask=x_mask)

@@ -147,7 +147,7 @@ def _e2m1x4_to_bf16(packed, TILED: tl.constexpr):
 
     TILED: the bytes in tiles.py's layout, whose words hold their bits where _PTX_TILED reads them:
     same outputs in 6 integer-pipe ops per word and 3 multiplies on the FMA pipe, against ~13
-    integer-pipe ops (the pipe that bound the decode loops; bench/moe_kernel_notes.md, fourteenth
+    integer-pipe ops (the pipe that bound the decode loops; bench/moe_kernel_notes_history.md, fourteenth
     pass). The 4 bytes of one packed register must then be one stored word, in order, which holds
     wherever 4 consecutive bytes of a row sit in one thread's registers (every kernel here).
     """

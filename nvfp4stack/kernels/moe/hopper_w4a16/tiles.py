@@ -2,8 +2,8 @@
 
 A decode CTA reads 64 weight rows a K step at a time: 64 bytes (128 E2M1 codes) of each row, rows
 K/2 bytes apart in the checkpoint's row-major layout. Such a stream reaches 2.25-2.56 TB/s on an
-H200 against 3.80-3.89 TB/s for the same bytes stored contiguously (tests/kernels/moe/dram_pattern.py,
-bench/moe_kernel_notes.md tenth pass). ``to_tiles`` moves the bytes of each [E, N, K/2] expert
+H200 against 3.80-3.89 TB/s for the same bytes stored contiguously (bench/tools/dram_pattern.py,
+bench/moe_kernel_notes_history.md tenth pass). ``to_tiles`` moves the bytes of each [E, N, K/2] expert
 tensor so that every atom of 64 rows x 64 bytes is one contiguous 4 KB block:
 
     atom (row block b, K block c) at byte (b * K/128 + c) * 4096, row j of it at + 64 * j
@@ -17,7 +17,7 @@ never sees it. The scales stay row-major, untouched.
 Within each 32-bit word (4 bytes of a row: 8 codes) the bits are shuffled (``WORD_BITS``) so that the
 kernels turn a word into its four bf16 pairs with 6 integer-pipe instructions instead of ~13
 (``_triton_kernels._PTX_TILED``; the integer pipe bound the decode loops:
-bench/moe_kernel_notes.md, fourteenth pass). Pair j holds codes ``PAIR_CODES[j]`` (code c: bits
+bench/moe_kernel_notes_history.md, fourteenth pass). Pair j holds codes ``PAIR_CODES[j]`` (code c: bits
 4c..4c+3 of the checkpoint's word) in its low and high 16 bits; the low code's (m, e0, e1, sign)
 bits are stored at ``PAIR_BITS[j]``, the high code's 16 bits above.
 """

@@ -1,6 +1,6 @@
 """Device script (not a pytest module): what the decode kernels' weight access pattern can stream.
 
-Usage (repo root, GPU host): python3 tests/kernels/moe/dram_pattern.py
+Usage (repo root, GPU host): python3 bench/tools/dram_pattern.py
 
 Reads the Flash L1 weights' bytes ([64 experts x 4096 rows, 2048 bytes], 537 MB) the way a decode
 CTA does, 64 rows at a time, each K step taking C contiguous bytes of every row, and checksums them

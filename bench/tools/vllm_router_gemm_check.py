@@ -1,7 +1,7 @@
 """GPU-host check of vLLM's low-latency BF16 router GEMM (``ll_bf16_gemm``, CuTeDSL) against torch.
 
 vLLM 0.26's ``GateLinear`` (DeepSeek-V4's router) runs this kernel on sm90+ for 16 tokens or fewer
-and cuBLAS/torch above. ``python tests/engine/vllm_router_gemm_check.py`` prints, per (K, N, M), the
+and cuBLAS/torch above. ``python bench/tools/vllm_router_gemm_check.py`` prints, per (K, N, M), the
 largest relative error against an fp32 matmul of the same bf16 inputs; exit 1 if any is above 1e-3.
 Not collected by pytest (no GPU, no vLLM CUDA build in CI); run where vLLM is installed.
 """

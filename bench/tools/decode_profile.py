@@ -1,7 +1,7 @@
 """Device script (not a pytest module): decode tiles of the W4A16 MoE at real EP loads, cold L2.
 
 Usage (repo root, GPU host):
-  python3 tests/kernels/moe/decode_profile.py [--loads flash64,pro48] [--rows 1,2,4,8,16]
+  python3 bench/tools/decode_profile.py [--loads flash64,pro48] [--rows 1,2,4,8,16]
       [--routing uniform,zipf] [--cands 16/4/64/4/0,8/4/128/2/0+8/2/128/4/1] [--split 8,16] [--layout tiles|rows]
 
 A load is (shape, local experts, top-6) at ``rows`` average routed rows per expert
@@ -48,7 +48,7 @@ def main() -> int:
     from nvfp4stack.kernels.moe.hopper_w4a16 import fused_moe as tw
     from nvfp4stack.kernels.moe.hopper_w4a16 import tiles
     from nvfp4stack.kernels.moe.hopper_w4a16.torch_twin import nvfp4_moe_forward
-    from tests.kernels.moe.decode_variants import kernel_split
+    from bench.tools.decode_variants import kernel_split
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--loads", default="flash64,pro48")
@@ -122,7 +122,8 @@ def main() -> int:
                             x, k13, k2, wts, ids, swiglu_limit=limit, config=cfg, mode="w4a16", tiled=tiled))
                         print(f"{label} {name} per kernel (us, warm L2, eager): {s}", flush=True)
                 table.append(row)
-        del w13, w2, w13t, w2t
+        del w13, w2
+        w13t = w2t = None  # frees the bf16 copies (a `del` would leave the lambdas above an unbound name)
         torch.cuda.empty_cache()
     print("\n| load | routing | rows/exp | tokens | active | max rows | bf16 us | pick us (x bf16) | best us (x bf16) | best |")
     print("|---|---|---|---|---|---|---|---|---|---|")

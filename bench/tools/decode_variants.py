@@ -1,7 +1,7 @@
 """Device script (not a pytest module): correctness and CUDA-graph timing of the W4A16 decode
 variants against the Triton path and bf16 ``torch._grouped_mm``, DSV4 Flash/Pro, 32 experts, top-4.
 
-Usage (repo root, GPU host): python3 tests/kernels/moe/decode_variants.py [--shapes flash,pro] [--tokens 1,4,16]
+Usage (repo root, GPU host): python3 bench/tools/decode_variants.py [--shapes flash,pro] [--tokens 1,4,16]
 Prints one line per measurement (with --split 1, also the per-kernel device times of the default
 and of the best variant: L1, L2, routing, top-k sum) and a table last.
 """
@@ -74,7 +74,8 @@ def main() -> int:
             rws = torch.randn(slots, hidden, device=dev, dtype=torch.bfloat16)
             t_sum = tt.do_bench_cudagraph(lambda: rws.view(tokens, k, hidden).sum(dim=1, dtype=torch.float32).to(torch.bfloat16),
                                           rep=a.rep, return_mode="median")
-            print(f"{name} {per_expert:3d}/exp routing alignment torch {t_route * 1e3:.1f} us, triton {t_route_tr * 1e3:.1f} us, top-k sum {t_sum * 1e3:.1f} us")
+            print(f"{name} {per_expert:3d}/exp routing alignment torch {t_route * 1e3:.1f} us, "
+                  f"triton {t_route_tr * 1e3:.1f} us, top-k sum {t_sum * 1e3:.1f} us")
             variants = [("triton", tw.pick_config(slots / e)), ("auto", None)] + [
                 (f"d{i}:{c[0].block_t}/{c[0].mrep}/{c[0].block_k}/w{c[0].num_warps}/p{c[0].prefetch}", c) for i, c in enumerate(cands)
                 if c[0].fits(hidden, inter) and (c[0].block_t == 8 or per_expert > 8)

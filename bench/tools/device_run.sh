@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: GPU correctness of the MoE kernel (W4A16 and FP8 prefill), then its benchmark.
-# Usage (repo root, GPU host): bash tests/kernels/moe/device_run.sh [bench args...]
+# Usage (repo root, GPU host): bash bench/tools/device_run.sh [bench args...]
 # FORMATS=1 also runs the formats benchmark afterwards.
 set -u
 OUT=${OUT:-/tmp/moe_out}; mkdir -p "$OUT"

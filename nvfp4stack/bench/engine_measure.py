@@ -1,0 +1,68 @@
+"""The client side of ``bench=engine``: one server measured with vLLM's own serving benchmark
+(``vllm bench serve``: random prompts, ignore_eos), decode at each batch and the prefill round."""
+from __future__ import annotations
+
+import contextlib
+import io
+from pathlib import Path
+
+
+def vllm_bench_serve(base_url: str, model: str, tokenizer: Path, *, input_len: int, output_len: int,
+                     prompts: int, concurrency: int, seed: int, log: Path) -> dict:
+    """vLLM's ``bench serve`` (its own parser and code), twice: a warm-up round at the same load, then
+    the measured round. The warm-up draws its random prompts from another seed: with the same prompts
+    the measured round would hit vLLM's prefix cache and time cache hits, not prefill. Their console
+    output goes to ``log``."""
+    for round_seed in (seed + 1, seed):
+        result = _bench_serve_once(base_url, model, tokenizer, input_len=input_len, output_len=output_len,
+                                   prompts=prompts, concurrency=concurrency, seed=round_seed, log=log)
+    return result
+
+
+def _bench_serve_once(base_url: str, model: str, tokenizer: Path, *, input_len: int, output_len: int,
+                      prompts: int, concurrency: int, seed: int, log: Path) -> dict:
+    from vllm.benchmarks.serve import add_cli_args, main
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser()
+    add_cli_args(parser)
+    args = parser.parse_args([
+        "--backend", "vllm", "--base-url", base_url.removesuffix("/v1"), "--model", model,
+        "--tokenizer", str(tokenizer), "--dataset-name", "random", "--random-input-len", str(input_len),
+        "--random-output-len", str(output_len), "--random-range-ratio", "0", "--num-prompts", str(prompts),
+        "--max-concurrency", str(concurrency), "--request-rate", "inf", "--ignore-eos", "--temperature", "0",
+        "--seed", str(seed), "--disable-tqdm", "--percentile-metrics", "ttft,tpot,itl",
+        "--num-warmups", "0"])
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        result = main(args)
+    with open(log, "a") as f:
+        f.write(buf.getvalue())
+    if result.get("failed"):
+        errors = [e for e in result.get("errors", []) if e][:3]
+        raise RuntimeError(f"vllm bench serve: {result['failed']} of {prompts} requests failed ({errors}); "
+                           f"see {log} and the server log beside it")
+    return result
+
+
+def measure(cfg, base_url: str, model: str, tokenizer: Path, log: Path, label: str = "") -> dict[str, float]:
+    b = cfg.bench
+    out: dict[str, float] = {}
+    for batch in b.engine_batches:
+        r = vllm_bench_serve(base_url, model, tokenizer, input_len=b.engine_input_len,
+                             output_len=b.engine_output_len, prompts=batch * b.engine_decode_waves,
+                             concurrency=batch, seed=b.seed, log=log)
+        out[f"decode b={batch} tok/s"] = r["output_throughput"]
+        out[f"decode b={batch} TPOT ms"] = r["median_tpot_ms"]
+        print(f"[bench engine]   {label}decode batch {batch}: {r['output_throughput']:,.0f} tok/s, "
+              f"TPOT {r['median_tpot_ms']:.2f} ms", flush=True)
+    if b.engine_prefill_prompts:
+        r = vllm_bench_serve(base_url, model, tokenizer, input_len=b.engine_prefill_len, output_len=1,
+                             prompts=b.engine_prefill_prompts, concurrency=b.engine_prefill_concurrency,
+                             seed=b.seed, log=log)
+        out[f"prefill {b.engine_prefill_len} tok/s"] = r["total_input_tokens"] / r["duration"]
+        out[f"prefill {b.engine_prefill_len} TTFT ms"] = r["median_ttft_ms"]
+        print(f"[bench engine]   {label}prefill {b.engine_prefill_len}: "
+              f"{out[f'prefill {b.engine_prefill_len} tok/s']:,.0f} prompt tok/s, TTFT {r['median_ttft_ms']:.1f} ms",
+              flush=True)
+    return out

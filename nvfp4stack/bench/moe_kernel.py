@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-SHAPES = {"flash": (4096, 2048), "pro": (7168, 3072)}  # (hidden, moe_inter) from CONTEXT.md s.3
+SHAPES = {"flash": (4096, 2048), "pro": (7168, 3072)}  # (hidden, moe_inter) of DeepSeek-V4 Flash and Pro (their published configs)
 TOKENS_PER_EXPERT = (1, 4, 16, 64, 256, 1024, 4096)
 
 
@@ -221,7 +221,7 @@ def bench_shape(args: MoeKernelBench, name: str, log) -> list[dict]:
             + (f"; triton-path {t_triton_path * 1e3:.1f} us x{t_bf16 / t_triton_path:.2f}" if graph and t_triton_path == t_triton_path else "")
         )
         rows.append(row)
-    del w13t, w2t
+    w13t = w2t = None   # drop the big expert tensors before emptying the cache
     torch.cuda.empty_cache()
     return rows
 

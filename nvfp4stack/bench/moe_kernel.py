@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-SHAPES = {"flash": (4096, 2048), "pro": (7168, 3072)}  # (hidden, moe_inter) of DeepSeek-V4 Flash and Pro (their published configs)
+SHAPES = {"flash": (4096, 2048), "pro": (7168, 3072)}  # (hidden, moe_inter) of the flagship's Flash and Pro models (their published configs)
 TOKENS_PER_EXPERT = (1, 4, 16, 64, 256, 1024, 4096)
 
 

@@ -114,7 +114,7 @@ def kv_cache_report(hf_config: dict, engine_cfg, arch_cfg, weight_bytes_per_gpu:
         "weight_bytes_per_gpu": float(weight_bytes_per_gpu), "max_model_len": max_len,
         "kv_budget_bytes": None, "max_kv_tokens": None, "max_context_one_seq": None, "max_batch_at_max_len": None,
     }
-    pool_layers = getattr(family, "kv_pool_layers", None)   # only DeepSeek-V4 has vLLM's packed pool
+    pool_layers = getattr(family, "kv_pool_layers", None)   # a family with vLLM's packed hybrid pool provides it
     pool = packed_pool(pool_layers(hf_config, kv_dtype, block, mtp_layers)) if pool_layers and max_len else None
     in_flight = in_flight_tokens(max_len, getattr(engine_cfg, "max_num_seqs", None)) if pool else 0
     if pool:
@@ -187,7 +187,7 @@ def _over_conservative(d: dict) -> str:
     v, n = d["vllm"], d["max_model_len"]
     fit = f", so {v['decode_batch_at_max_len']:,} would fit" if v["decode_batch_at_max_len"] is not None else ""
     return (f"  over-conservative: a decoding {n:,}-token sequence holds {v['decode_blocks_at_max_len']:,} blocks "
-            f"(SWA and compressor groups keep only their windows){fit}; vLLM's concurrency figure charges "
+            f"(the sliding-window groups keep only their windows){fit}; vLLM's concurrency figure charges "
             f"{v['blocks_per_request']:,}")
 
 

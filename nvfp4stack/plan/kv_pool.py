@@ -1,9 +1,9 @@
-"""vLLM 0.26's packed KV-cache pool for DeepSeek-V4: blocks, "GPU KV cache size" and "Maximum concurrency".
+"""vLLM 0.26's packed KV-cache pool for a hybrid-attention family: blocks, "GPU KV cache size" and "Maximum concurrency".
 
-vLLM 0.26 (``v1/core/kv_cache_utils.py``) sizes DeepSeek-V4's hybrid cache like this:
+vLLM 0.26 (``v1/core/kv_cache_utils.py``) sizes a hybrid cache (the family's ``kv_pool_layers``) like this:
 
-- ``group_and_unify_kv_cache_specs``: full-attention layers (compressed KV, indexer K) form one
-  group; sliding-window layers (SWA, compressor states) are grouped by (block_size, window).
+- ``group_and_unify_kv_cache_specs``: full-attention layers (compressed KV, top-k selection keys) form one
+  group; sliding-window layers (SWA, compression states) are grouped by (block_size, window).
 - ``_get_kv_cache_groups_uniform_groups``: each group counts its "layer tuples" (the commonest
   page size's layer count); ``_approximate_gcd`` picks one tuple count ``d`` (>= the full group's)
   and every sliding group is split into ``cdiv(n, d)`` groups, its pages padded up to the nearest
@@ -78,7 +78,7 @@ def _tuples(pages: list[int]) -> int:
 
 
 def packed_pool(layers: list[KVLayerSpec]) -> PackedPool | None:
-    """vLLM 0.26's groups and per-block bytes for a DeepSeek-V4 layer list (model order), or None
+    """vLLM 0.26's groups and per-block bytes for a hybrid family's layer list (model order), or None
     where vLLM would not take the packed path (no full-attention layer, one page size, or a
     sliding page larger than every full-attention page, which vLLM asserts against)."""
     full = [s.page_bytes for s in layers if s.window is None]

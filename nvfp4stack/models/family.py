@@ -56,6 +56,9 @@ Planning
                          per GPU under ``tp`` tensor-parallel ranks, or None; ``model_dtype``: the dtype
                          the engine runs the model in (``engine.dtype``, auto resolved as vLLM does),
                          what ``kv_cache_dtype=auto`` stores unless vLLM's code for the family says otherwise.
+  ``kv_pool_layers(hf, kv_dtype, block_size, mtp_layers)``  ``[plan.kv_pool.KVLayerSpec]`` in model
+                         order where vLLM sizes the family's hybrid cache as a packed pool (its "GPU KV
+                         cache size" and "Maximum concurrency" then follow ``plan.kv_pool``); default None.
 
 Checkpoints and vLLM
   ``converter_modules``                    modules whose import registers the family's own converters
@@ -264,6 +267,11 @@ class ModelFamily:
         ``tp``: tensor-parallel ranks (attention with several KV heads splits them over the ranks);
         ``model_dtype``: the dtype the engine runs the model in (None: config.json's, as vLLM's
         ``--dtype auto`` picks it; ``plan.kv_cache.model_dtype``)."""
+        return None
+
+    def kv_pool_layers(self, hf: dict, kv_dtype: str, block_size: int | None, mtp_layers: int):
+        """Every cache layer vLLM registers, as ``plan.kv_pool.KVLayerSpec`` in model order, for a family
+        whose hybrid cache vLLM packs into one pool; None: vLLM sizes it by bytes per token."""
         return None
 
     # -- checkpoints, vLLM -------------------------------------------------------------------

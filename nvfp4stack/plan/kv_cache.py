@@ -114,8 +114,8 @@ def kv_cache_report(hf_config: dict, engine_cfg, arch_cfg, weight_bytes_per_gpu:
         "weight_bytes_per_gpu": float(weight_bytes_per_gpu), "max_model_len": max_len,
         "kv_budget_bytes": None, "max_kv_tokens": None, "max_context_one_seq": None, "max_batch_at_max_len": None,
     }
-    pool_layers = getattr(family, "kv_pool_layers", None)   # a family with vLLM's packed hybrid pool provides it
-    pool = packed_pool(pool_layers(hf_config, kv_dtype, block, mtp_layers)) if pool_layers and max_len else None
+    layers = family.kv_pool_layers(hf_config, kv_dtype, block, mtp_layers) if max_len else None
+    pool = packed_pool(layers) if layers else None
     in_flight = in_flight_tokens(max_len, getattr(engine_cfg, "max_num_seqs", None)) if pool else 0
     if pool:
         charged = pool_capacity(pool, 0, max_len, in_flight)

@@ -193,9 +193,24 @@ class ShardedReader:
                 yield chunk
 
 
-def _tensor_bytes(t: torch.Tensor) -> memoryview:
+def tensor_bytes(t: torch.Tensor) -> memoryview:
+    """A tensor's bytes as safetensors stores them (on the CPU, contiguous)."""
     t = t.detach().to("cpu").contiguous().reshape(-1)
     return memoryview(t.view(torch.uint8).numpy())
+
+
+def dtype_name(name: str, t: torch.Tensor) -> str:
+    """The safetensors dtype name of tensor ``name``; ValueError naming it when there is none."""
+    if t.dtype not in DTYPE_NAMES:
+        raise ValueError(f"{name}: dtype {t.dtype} has no safetensors name; cast or view it")
+    return DTYPE_NAMES[t.dtype]
+
+
+def encode_header(header: dict) -> bytes:
+    """The 8-byte length and the JSON header of a safetensors file, its data start aligned to 8 bytes."""
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)
+    return struct.pack("<Q", len(blob)) + blob
 
 
 class ShardWriter:
@@ -227,21 +242,17 @@ class ShardWriter:
                               "data_offsets": [start, self._offset]}
 
     def add(self, name: str, tensor: torch.Tensor) -> None:
-        if tensor.dtype not in DTYPE_NAMES:
-            raise ValueError(f"{name}: dtype {tensor.dtype} has no safetensors name; cast or view it")
-        self._add(name, DTYPE_NAMES[tensor.dtype], tensor.shape, [_tensor_bytes(tensor)])
+        self._add(name, dtype_name(name, tensor), tensor.shape, [tensor_bytes(tensor)])
 
     def add_raw(self, name: str, info: TensorInfo, chunks: Iterable[bytes]) -> None:
         self._add(name, info.dtype, info.shape, chunks)
 
     def close(self) -> Path:
         self._data.close()
-        header = json.dumps(self._header, separators=(",", ":")).encode()
-        header += b" " * (-len(header) % 8)  # safetensors aligns the data start to 8 bytes
         partial = self.path.with_name(self.path.name + ".partial")
         digest = hashlib.sha256()
         with open(partial, "wb") as out, open(self._data_path, "rb") as data:
-            head = [struct.pack("<Q", len(header)) + header]
+            head = [encode_header(self._header)]
             for chunk in itertools.chain(head, iter(lambda: data.read(_COPY_CHUNK), b"")):
                 digest.update(chunk)
                 out.write(chunk)

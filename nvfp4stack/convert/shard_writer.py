@@ -11,17 +11,15 @@ through ``file_sink`` (a background thread hashes and writes them).
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
-import struct
 from pathlib import Path
 from typing import Iterable, NamedTuple
 
 import torch
 
-from nvfp4stack.checkpoint.safetensors_io import DTYPE_NAMES, TensorInfo
+from nvfp4stack.checkpoint.safetensors_io import (TensorInfo, dtype_name, encode_header, file_sha256,
+                                                  tensor_bytes)
 from nvfp4stack.convert.file_sink import FileSink
 
 log = logging.getLogger(__name__)
@@ -38,23 +36,18 @@ class TensorSpec(NamedTuple):
 
 
 def header_bytes(specs: Iterable[TensorSpec]) -> bytes:
-    """The 8-byte length and JSON header of a shard holding ``specs`` in order (the bytes
-    ``safetensors_io.ShardWriter`` writes for the same tensors)."""
+    """The 8-byte length and JSON header of a shard holding ``specs`` in order."""
     header: dict = {"__metadata__": {"format": "pt"}}
     offset = 0
     for s in specs:
         header[s.name] = {"dtype": s.dtype, "shape": [int(d) for d in s.shape],
                           "data_offsets": [offset, offset + s.nbytes]}
         offset += s.nbytes
-    blob = json.dumps(header, separators=(",", ":")).encode()
-    blob += b" " * (-len(blob) % 8)  # safetensors aligns the data start to 8 bytes
-    return struct.pack("<Q", len(blob)) + blob
+    return encode_header(header)
 
 
 def tensor_spec(name: str, t: torch.Tensor) -> TensorSpec:
-    if t.dtype not in DTYPE_NAMES:
-        raise ValueError(f"{name}: dtype {t.dtype} has no safetensors name; cast or view it")
-    return TensorSpec(name, DTYPE_NAMES[t.dtype], tuple(t.shape), t.numel() * t.element_size())
+    return TensorSpec(name, dtype_name(name, t), tuple(t.shape), t.numel() * t.element_size())
 
 
 class ShardWriter:
@@ -92,9 +85,7 @@ class ShardWriter:
         self._offset += n
 
     def add(self, name: str, tensor: torch.Tensor) -> None:
-        spec = tensor_spec(name, tensor)
-        t = tensor.detach().to("cpu").contiguous().reshape(-1)
-        self._add(spec, [memoryview(t.view(torch.uint8).numpy())])
+        self._add(tensor_spec(name, tensor), [tensor_bytes(tensor)])
 
     def add_raw(self, name: str, info: TensorInfo, chunks: Iterable[bytes]) -> None:
         self._add(TensorSpec(name, info.dtype, tuple(info.shape), info.nbytes), chunks)
@@ -128,11 +119,7 @@ class ShardWriter:
                 out.flush()
                 os.fsync(out.fileno())
             os.replace(moved, self._partial)
-        digest = hashlib.sha256()
-        with open(self._partial, "rb") as f:
-            for chunk in iter(lambda: f.read(_CHUNK), b""):
-                digest.update(chunk)
-        self.sha256 = digest.hexdigest()
+        self.sha256 = file_sha256(self._partial)
 
     def abort(self) -> None:
         self._sink.abort()

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Issue #34 on one four-GPU host: ours and stock vLLM side by side, each on its own GPU pair with its own
+# compile caches, started together (both cold), then measured in turn (ours, stock, stock, ours) so
+# that neither client competes with the other. PHASES (default "tp2 ep"):
+#   tp2   engine.tp=2            ours (triton_w4a16, GPUs 0,1) next to stock (marlin, GPUs 2,3)
+#   ep    engine.tp=2 engine.ep=true, the same pairs (caches warm from tp2)
+#   tp4   ours alone on GPUs 0-3: TP4 + EP with the MTP draft, batches 1, 32, 256
+# A phase starts only while DEADLINE (epoch seconds) is at least PHASE_S (default 600) away.
+# Writes into FLASH_OUT (default /tmp/flash): serve logs, JSON, and pairs.log, the progress. On the
+# device host: copy the tree to /tmp/repo (each call re-sends the working tree), start
+# `setsid nohup bash bench/dsv4_flash_pairs.sh &` there, then poll pairs.log with calls that follow
+# each other within the machine's 30 s idle release (a released machine takes every server with it).
+set -uo pipefail
+# Never the device tool's $OUT (emptied before every call while these servers run on): FLASH_OUT.
+export OUT=${FLASH_OUT:-/tmp/flash} RUNS=${FLASH_OUT:-/tmp/flash}/runs
+export CAPTURE=${CAPTURE:-1,8,32,128,256} MAX_SEQS=${MAX_SEQS:-256} BATCHES=${BATCHES:-1,8,32,128,256}
+PHASES=${PHASES:-tp2 ep}
+DEADLINE=${DEADLINE:-$(( $(date +%s) + 1500 ))}
+S=bench/dsv4_flash_serve.sh
+mkdir -p "$OUT" "$RUNS"
+log() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$OUT/pairs.log"; }
+srv() { env $1 ACTION="$2" bash "$S"; }   # $1: the server's settings (VAR=value words)
+
+time_left() {
+    [ $(( DEADLINE - $(date +%s) )) -ge "${PHASE_S:-600}" ] || { log "skip $1: under ${PHASE_S:-600} s to the deadline"; return 1; }
+}
+
+pair() {   # $1 phase name, $2 EP
+    local phase=$1 ep=$2 o who
+    local a="CUDA_VISIBLE_DEVICES=0,1 PORT=8011 MOE=triton_w4a16 TP=2 EP=$ep CACHE=/tmp/cache-ours TAG=ours-$phase"
+    local b="CUDA_VISIBLE_DEVICES=2,3 PORT=8012 MOE=marlin TP=2 EP=$ep CACHE=/tmp/cache-stock TAG=stock-$phase"
+    srv "$a" start | tee -a "$OUT/pairs.log"
+    srv "$b" start | tee -a "$OUT/pairs.log"
+    srv "$a" wait > "$OUT/ours-$phase.wait" 2>&1 &
+    srv "$b" wait > "$OUT/stock-$phase.wait" 2>&1 &
+    wait
+    cat "$OUT/ours-$phase.wait" "$OUT/stock-$phase.wait" >> "$OUT/pairs.log"
+    local ready_a ready_b
+    ready_a=$(grep -c "ready after .*: yes" "$OUT/ours-$phase.wait") ready_b=$(grep -c "ready after .*: yes" "$OUT/stock-$phase.wait")
+    local order=()
+    [ "$ready_a" = 1 ] && order+=("a 1")
+    [ "$ready_b" = 1 ] && order+=("b 1" "b 2")
+    [ "$ready_a" = 1 ] && order+=("a 2")
+    for o in "${order[@]}"; do
+        who=$a; [ "${o% *}" = b ] && who=$b
+        log "measure ${who##*TAG=} round ${o#* }"
+        env $who ROUND="-r${o#* }" ACTION=measure bash "$S" >> "$OUT/pairs.log" 2>&1 || log "client failed: ${who##*TAG=}"
+    done
+    nvidia-smi --query-gpu=index,memory.used --format=csv,noheader >> "$OUT/pairs.log"
+    srv "$a" stop; srv "$b" stop
+    log "phase $phase done"
+}
+
+log "start: phases '$PHASES', deadline in $(( DEADLINE - $(date +%s) )) s"
+for p in $PHASES; do
+    time_left "$p" || continue
+    case $p in
+    tp2) pair tp2 false ;;
+    ep) pair ep true ;;
+    tp4)
+        t="CUDA_VISIBLE_DEVICES=0,1,2,3 PORT=8013 MOE=triton_w4a16 TP=4 EP=true MTP=true CACHE=/tmp/cache-ours TAG=ours-tp4"
+        srv "$t" start | tee -a "$OUT/pairs.log"
+        if srv "$t" wait >> "$OUT/pairs.log" 2>&1; then
+            env $t BATCHES=1,32,256 ROUND=-r1 ACTION=measure bash "$S" >> "$OUT/pairs.log" 2>&1 || log "client failed: tp4"
+        fi
+        srv "$t" stop
+        log "phase tp4 done"
+        ;;
+    *) log "unknown phase $p (valid: tp2 ep tp4)" ;;
+    esac
+done
+log "all done"

@@ -1,0 +1,75 @@
+"""bench/dsv4_flash_pairs.sh (issue #34's four-GPU visit) on stand-ins: a fake `main.py serve` that
+says "engine ready" and waits for Ctrl-C, a fake client and nvidia-smi. Checks the orchestration the
+GPU time depends on: both servers of a pair start on their own GPUs, ports and caches; clients run
+ours, stock, stock, ours; every server is stopped; nothing is written into the device tool's $OUT."""
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+FAKE_SERVE = r'''
+import os, signal, sys, time
+run_dir = next(a.split("=", 1)[1] for a in sys.argv if a.startswith("run_dir="))
+os.makedirs(run_dir, exist_ok=True)
+with open(os.path.join(run_dir, "vllm_server.log"), "w") as f:
+    f.write("INFO Model loading took 74.06 GiB memory\nINFO nvfp4stack: x -> Nvfp4StackMxfp4CastMoE\n")
+print("args", *sys.argv[1:], "| GPUs", os.environ.get("CUDA_VISIBLE_DEVICES"),
+      "| tilelang", os.environ.get("TILELANG_CACHE_DIR"), flush=True)
+signal.signal(signal.SIGINT, lambda *_: sys.exit(0))
+time.sleep(1)
+print("engine ready", flush=True)
+while True:
+    time.sleep(0.2)
+'''
+
+FAKE_CLIENT = r'''
+import json, sys
+args = sys.argv[1:]
+out = args[args.index("--json") + 1]
+print("client", args[args.index("--base-url") + 1], flush=True)
+json.dump({"decode": {}}, open(out, "w"))
+'''
+
+
+@pytest.mark.skipif(shutil.which("setsid") is None, reason="needs setsid (util-linux)")
+def test_pairs_start_side_by_side_measure_abba_and_stop(tmp_path):
+    tree = tmp_path / "tree"
+    (tree / "bench").mkdir(parents=True)
+    (tree / "nvfp4stack" / "bundle").mkdir(parents=True)
+    for f in ("bench/dsv4_flash_pairs.sh", "bench/dsv4_flash_serve.sh", "nvfp4stack/bundle/gpu_host.sh"):
+        shutil.copy(ROOT / f, tree / f)
+    (tree / "main.py").write_text(FAKE_SERVE)
+    (tree / "bench" / "dsv4_flash_run.py").write_text(FAKE_CLIENT)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho '0, 1 MiB'\n")
+    smi.chmod(0o755)
+    device_out = tmp_path / "device_out"   # what the device tool calls $OUT: must stay untouched
+    device_out.mkdir()
+    flash = tmp_path / "flash"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SITE": str(tmp_path),
+           "OUT": str(device_out), "FLASH_OUT": str(flash), "PHASES": "tp2 ep", "READY_TIMEOUT_S": "60"}
+    r = subprocess.run(["bash", "bench/dsv4_flash_pairs.sh"], cwd=tree, env=env, capture_output=True, text=True,
+                       timeout=240)
+    log = (flash / "pairs.log").read_text()
+    assert r.returncode == 0, r.stderr + log
+    assert list(device_out.iterdir()) == []
+    measured = [line.split("measure ")[1] for line in log.splitlines() if "] measure " in line]
+    assert measured == ["ours-tp2 round 1", "stock-tp2 round 1", "stock-tp2 round 2", "ours-tp2 round 2",
+                        "ours-ep round 1", "stock-ep round 1", "stock-ep round 2", "ours-ep round 2"]
+    assert "ours-tp2: ready after" in log and "stock-ep: ready after" in log and "all done" in log
+    assert "-> Nvfp4Stack" not in log and "Model loading took 74.06 GiB" in log
+    ours = (flash / "ours-ep.serve.log").read_text()
+    stock = (flash / "stock-ep.serve.log").read_text()
+    assert "engine.ep=true" in ours and "backend.moe=triton_w4a16" in ours and "| GPUs 0,1 " in ours
+    assert "backend.moe=marlin" in stock and "| GPUs 2,3 " in stock and "cache-stock/tilelang" in stock
+    assert "engine.port=8011" in ours and "engine.port=8012" in stock
+    assert sorted(p.name for p in flash.glob("*.json")) == sorted(
+        f"{who}-{phase}-r{n}.json" for who in ("ours", "stock") for phase in ("tp2", "ep") for n in (1, 2))
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert str(flash / "runs") not in ps   # every server stopped

@@ -125,7 +125,7 @@ def _own(entry: dict, kind: str) -> str | None:
         return None
     reg = MOE_BACKENDS if kind == "moe" else LINEAR_BACKENDS
     name = entry["kernel"]
-    return name if name in reg and reg.get(name).provider == "nvfp4stack" else None
+    return name if name in reg and reg.get(name).capabilities.provider == "nvfp4stack" else None
 
 
 def _agree(seen: dict, key, entry: dict, name: str, role: str, where: str) -> None:

@@ -29,9 +29,9 @@ def vllm_moe_backend(plan: EnginePlan) -> str | None:
     for role in MOE_ROLES:
         entry = plan.roles.get(role)
         if entry and entry["kernel"] in MOE_BACKENDS:
-            backend = MOE_BACKENDS.get(entry["kernel"])
-            if backend.provider == "vllm":
-                return backend.vllm_moe_backend
+            flag = MOE_BACKENDS.get(entry["kernel"]).capabilities.vllm_flag
+            if flag is not None:  # vLLM runs it; nvfp4stack's own backends have no flag
+                return flag
     return None
 
 
@@ -43,8 +43,7 @@ def vllm_linear_backend(plan: EnginePlan) -> str | None:
     if len(kernels) != 1:
         return None
     (name,) = kernels
-    backend = LINEAR_BACKENDS.get(name) if name in LINEAR_BACKENDS else None
-    return backend.vllm_linear_backend if backend is not None and backend.provider == "vllm" else None
+    return LINEAR_BACKENDS.get(name).capabilities.vllm_flag if name in LINEAR_BACKENDS else None
 
 
 def engine_cli_args(engine: EngineConfig, *, model: str, served_name: str | None,
@@ -77,9 +76,10 @@ def engine_cli_args(engine: EngineConfig, *, model: str, served_name: str | None
         spec = {"method": engine.speculative.method,
                 "num_speculative_tokens": engine.speculative.num_speculative_tokens}
         draft = plan.mtp.get("routed_experts")
-        if draft and draft["kernel"] in MOE_BACKENDS and MOE_BACKENDS.get(draft["kernel"]).provider == "vllm":
+        flag = MOE_BACKENDS.get(draft["kernel"]).capabilities.vllm_flag if draft and draft["kernel"] in MOE_BACKENDS else None
+        if flag is not None:
             # An untouched (MXFP4) MTP block next to NVFP4 experts may need another kernel.
-            spec["moe_backend"] = MOE_BACKENDS.get(draft["kernel"]).vllm_moe_backend
+            spec["moe_backend"] = flag
         a += ["--speculative-config", _json(spec)]
     if engine.tokenizer_mode != "auto":
         a += ["--tokenizer-mode", engine.tokenizer_mode]

@@ -10,7 +10,6 @@ parameters' storage) and its ``apply`` runs them (kernels/base.py: MoeBackend).
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import Optional
 
@@ -20,8 +19,7 @@ from vllm.model_executor.layers.quantization.modelopt import ModelOptNvFp4FusedM
 
 from nvfp4stack.engine.compat import engine_token_budget, triton_jit_hook_suspended
 from nvfp4stack.formats.nvfp4 import Nvfp4Tensor
-from nvfp4stack.kernels.base import MOE_BACKENDS, MoeWeights
-from nvfp4stack.kernels.moe.hopper_w4a16.packed import PackedExperts
+from nvfp4stack.kernels.base import MOE_BACKENDS, MoeWeights, RunnableMoeBackend
 from nvfp4stack.schemes import Scheme
 
 log = logging.getLogger("vllm.nvfp4stack")  # under vLLM's logger: its handlers, in the server log
@@ -52,6 +50,18 @@ def local_routing(expert_map: torch.Tensor, topk_weights: torch.Tensor, topk_ids
     return torch.where(local < 0, torch.zeros_like(topk_weights), topk_weights), local.clamp(min=0)
 
 
+def runnable_moe_backend(kernel: str, prefix: str) -> type[RunnableMoeBackend]:
+    """The registered MoE backend ``kernel``, which must be one nvfp4stack runs (prepare/apply)."""
+    backend = MOE_BACKENDS.get(kernel)
+    if not issubclass(backend, RunnableMoeBackend):
+        ours = [n for n in MOE_BACKENDS.names() if issubclass(MOE_BACKENDS.get(n), RunnableMoeBackend)]
+        raise ValueError(f"{prefix}: MoE backend {kernel!r} is run by vLLM (--moe-backend "
+                         f"{backend.capabilities.vllm_flag}), not by nvfp4stack's MoE method; expected one of "
+                         f"{', '.join(ours)}. Fix: plan the routed experts on one of those, or leave the layer "
+                         "to vLLM's method")
+    return backend
+
+
 @torch.library.custom_op("nvfp4stack::moe_forward", mutates_args=())
 def moe_forward_op(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
                    swiglu_limit: Optional[float], activation: str, kernel: str, tiled: bool, routed_experts: int,
@@ -62,13 +72,14 @@ def moe_forward_op(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.
                    fp8_w2: Optional[torch.Tensor], fp8_w2_scale: Optional[torch.Tensor]) -> torch.Tensor:
     """Opaque op around the backend's ``apply``: vLLM's torch.compile traces the model in one
     graph, and the emulation's data-dependent loop (experts that received tokens) must not be
-    traced. The tensors are ``PackedExperts.op_tensors()``, ``tiled`` and ``routed_experts`` its fields."""
-    prepared = PackedExperts.from_op_tensors(w13_data, w13_scale, w13_gs, w2_data, w2_scale, w2_gs,
-                                             a13_scale, a2_scale, fp8_w13, fp8_w13_scale, fp8_w2, fp8_w2_scale,
-                                             tiled, routed_experts)
+    traced. The tensors are the backend's prepared form's ``op_tensors()``, ``tiled`` and ``routed_experts``
+    its fields."""
+    backend = MOE_BACKENDS.get(kernel)
+    prepared = backend.prepared_type.from_op_tensors(w13_data, w13_scale, w13_gs, w2_data, w2_scale, w2_gs,
+                                                     a13_scale, a2_scale, fp8_w13, fp8_w13_scale, fp8_w2,
+                                                     fp8_w2_scale, tiled, routed_experts)
     with triton_jit_hook_suspended():  # vLLM 0.26's JIT monitor cannot serialize Gluon layouts
-        return MOE_BACKENDS.get(kernel).apply(prepared, x, topk_weights, topk_ids, swiglu_limit=swiglu_limit,
-                                              activation=activation)
+        return backend.apply(prepared, x, topk_weights, topk_ids, swiglu_limit=swiglu_limit, activation=activation)
 
 
 @moe_forward_op.register_fake
@@ -85,11 +96,11 @@ class Nvfp4StackModelOptMoE(ModelOptNvFp4FusedMoE):
         self.quant_config = quant_config
         self.kernel = kernel
         # fail here, naming the valid backends, if the name is wrong; apply asks it every step
-        self.skips_negative_ids = MOE_BACKENDS.get(kernel).skips_negative_ids
+        self.skips_negative_ids = runnable_moe_backend(kernel, prefix).capabilities.negative_expert_ids
         self.scheme = scheme
         self.prefix = prefix
         self.fp8_prefill = fp8_prefill  # triton_w4a16: FP8 copy built at load, used from 64 rows/expert
-        self.prepared: PackedExperts | None = None  # set by process_weights_after_loading
+        self.prepared = None  # the backend's prepared form, set by process_weights_after_loading
         self.op_tensors: tuple = ()
         self.use_a16 = scheme is Scheme.NVFP4_W4A16
         self.per_token_activation = False
@@ -145,13 +156,15 @@ class Nvfp4StackModelOptMoE(ModelOptNvFp4FusedMoE):
     def install(self, layer, w13: Nvfp4Tensor, w2: Nvfp4Tensor, a13_scale, a2_scale) -> None:
         """Hand the layer's NVFP4 experts to the planned backend (prepare, warm-up) for ``apply``."""
         p = self.prefix
-        backend = MOE_BACKENDS.get(self.kernel)
-        prepared = backend.prepare(MoeWeights(w13, w2, a13_scale, a2_scale), fp8_prefill=self.fp8_prefill)
-        if not isinstance(prepared, PackedExperts):
-            raise TypeError(f"{p}: backend {self.kernel} prepared a {type(prepared).__name__}; this method "
-                            "carries PackedExperts through its custom op: return one from prepare")
-        if getattr(layer, "expert_map", None) is not None:  # ids arrive global (the map's index): rows per
-            prepared = dataclasses.replace(prepared, routed_experts=layer.expert_map.numel())  # expert over all
+        backend = runnable_moe_backend(self.kernel, p)
+        expert_map = getattr(layer, "expert_map", None)  # ids arrive global (the map's index): rows per
+        routed = expert_map.numel() if expert_map is not None else 0  # expert over all ranks' experts
+        prepared = backend.prepare(MoeWeights(w13, w2, a13_scale, a2_scale), fp8_prefill=self.fp8_prefill,
+                                   routed_experts=routed)
+        if not isinstance(prepared, backend.prepared_type):
+            raise TypeError(f"{p}: backend {self.kernel} prepared a {type(prepared).__name__}, but declares "
+                            f"prepared_type {backend.prepared_type.__name__}, which this method carries through "
+                            "its custom op: return one from prepare")
         if prepared.tiled:  # the parameters now hold the tiled bytes: no second copy of the experts stays
             layer.w13_weight.data = prepared.weights.w13.data
             layer.w2_weight.data = prepared.weights.w2.data

@@ -15,7 +15,7 @@ from pathlib import Path
 import nvfp4stack.kernels.linear  # noqa: F401  (registers the linear backends; light imports)
 import nvfp4stack.kernels.moe  # noqa: F401  (registers the MoE backends; light imports)
 from nvfp4stack.kernels.base import LINEAR_BACKENDS, MOE_BACKENDS
-from nvfp4stack.plan.planner import FP8_PREFILL_KERNEL, PlanError
+from nvfp4stack.plan.planner import PlanError, fp8_prefill_kernels
 from nvfp4stack.plan.roles import role_of
 from nvfp4stack.schemes import Scheme
 
@@ -125,7 +125,7 @@ def _own(entry: dict, kind: str) -> str | None:
         return None
     reg = MOE_BACKENDS if kind == "moe" else LINEAR_BACKENDS
     name = entry["kernel"]
-    return name if name in reg and reg.get(name).provider == "nvfp4stack" else None
+    return name if name in reg and reg.get(name).capabilities.provider == "nvfp4stack" else None
 
 
 def _agree(seen: dict, key, entry: dict, name: str, role: str, where: str) -> None:
@@ -153,11 +153,12 @@ def engine_plan_from_plan(plan, *, fp8_prefill: bool = False, mtp_draft: bool = 
 
     per_layer: dict[str, dict[str | None, tuple[dict, str]]] = {}
     mtp: dict[str, tuple[dict, str]] = {}
+    fp8_kernels = fp8_prefill_kernels() if fp8_prefill else []
     for g in plan.groups:
         if not g.name or g.kernel == "-":
             continue  # norms, biases, tables: no kernel decision
         entry = {"scheme": g.served.value, "kernel": g.kernel}
-        if g.role in MOE_ROLES and fp8_prefill and g.kernel == FP8_PREFILL_KERNEL and not g.mtp:
+        if g.role in MOE_ROLES and g.kernel in fp8_kernels and not g.mtp:
             entry["fp8_prefill"] = True
         if cast_at_load(g):   # W4A4 needs activation scales: load_time_refusal
             entry["cast"] = g.converter

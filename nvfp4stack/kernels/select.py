@@ -24,7 +24,7 @@ class Selection:
 
 def served_scheme(backend: type[KernelBackend], scheme: Scheme) -> Scheme:
     """W4A4 checkpoints run weight-only (bf16 activations) on weight-only kernels."""
-    if scheme is Scheme.NVFP4 and not backend.activation_fp4:
+    if scheme is Scheme.NVFP4 and not backend.capabilities.activation_fp4:
         return Scheme.NVFP4_W4A16
     return scheme
 

@@ -10,10 +10,10 @@ _SHORT = {"nvfp4": "nvfp4", "nvfp4_w4a16": "w4a16", "mxfp4": "mxfp4", "fp8_block
 def cell(backend, arch) -> str:
     """Schemes the backend runs on the arch; an NVFP4 checkpoint served weight-only shows 'nvfp4→w4a16'."""
     out = []
-    for s in backend.schemes:
+    for s in backend.capabilities.schemes:
         if backend.is_supported(arch, s)[0]:
             label = _SHORT[s.value]
-            if s.value == "nvfp4" and not backend.activation_fp4:
+            if s.value == "nvfp4" and not backend.capabilities.activation_fp4:
                 label = "nvfp4→w4a16"
             if label == "w4a16" and "nvfp4→w4a16" in out:
                 continue  # the same kernel path, said once
@@ -30,7 +30,7 @@ def markdown() -> str:
         reg = registry_for(kind)
         for name in reg.names():
             b = reg.get(name)
-            lines.append(f"| {kind} | {name} | {b.provider} | " + " | ".join(cell(b, a) for a in archs) + " |")
+            lines.append(f"| {kind} | {name} | {b.capabilities.provider} | " + " | ".join(cell(b, a) for a in archs) + " |")
     return "\n".join(lines)
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Iterable
 
 from nvfp4stack.arch import Arch
+from nvfp4stack.kernels.base import backends_with
 from nvfp4stack.kernels.select import BackendError, Selection, select_backend
 from nvfp4stack.models.family import TensorGroup
 from nvfp4stack.plan.memory import Layout, group_bytes, shard_factor
@@ -190,15 +191,18 @@ def is_gate_or_up(name: str, family: str) -> bool:
     return name.endswith(tuple(f".{p}" for pair in get_family(family).gate_up_pairs for p in pair))
 
 
-FP8_PREFILL_KERNEL = "triton_w4a16"
+def fp8_prefill_kernels() -> list[str]:
+    """The MoE backends whose capabilities include the FP8 prefill mode (``backend.moe_fp8_prefill``)."""
+    return backends_with("moe", lambda caps: caps.fp8_prefill)
 
 
 def check_moe_fp8_prefill(kernel: str, arch: Arch) -> None:
-    """``backend.moe_fp8_prefill=true`` needs the triton_w4a16 MoE kernel on sm90 or later."""
-    if kernel != FP8_PREFILL_KERNEL:
-        raise PlanError(f"backend.moe_fp8_prefill=true: the FP8 prefill mode belongs to the {FP8_PREFILL_KERNEL} "
-                        f"MoE kernel, but the routed experts run on {kernel!r}. Fix: backend.moe={FP8_PREFILL_KERNEL}, "
-                        "or backend.moe_fp8_prefill=false")
+    """``backend.moe_fp8_prefill=true`` needs a MoE kernel with the FP8 prefill mode, on sm90 or later."""
+    able = fp8_prefill_kernels()
+    if kernel not in able:
+        raise PlanError(f"backend.moe_fp8_prefill=true: the FP8 prefill mode belongs to the {' / '.join(able)} "
+                        f"MoE kernel, but the routed experts run on {kernel!r}. "
+                        f"Fix: {' or '.join(f'backend.moe={n}' for n in able)}, or backend.moe_fp8_prefill=false")
     if not arch.at_least(9, 0):
         raise PlanError(f"backend.moe_fp8_prefill=true on {arch.name}: its grouped FP8 GEMM "
                         "(torch._scaled_grouped_mm) needs sm90 or later. Fix: backend.moe_fp8_prefill=false")

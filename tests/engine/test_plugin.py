@@ -152,7 +152,8 @@ def test_local_routing_under_expert_parallel():
     w, local = local_routing(expert_map, wts, ids, skips_negative=False)
     assert torch.equal(local, torch.tensor([[0, 0], [0, 2], [1, 0]]))
     assert torch.equal(w, torch.tensor([[0.6, 0.0], [0.0, 0.7], [0.5, 0.0]]))
-    assert MOE_BACKENDS.get("triton_w4a16").skips_negative_ids and not MOE_BACKENDS.get("torch_emulation").skips_negative_ids
+    assert MOE_BACKENDS.get("triton_w4a16").capabilities.negative_expert_ids
+    assert not MOE_BACKENDS.get("torch_emulation").capabilities.negative_expert_ids
 
 
 class FakeExpertsLayer(torch.nn.Module):

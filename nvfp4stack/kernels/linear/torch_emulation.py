@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from nvfp4stack.arch import Arch
-from nvfp4stack.kernels.base import LINEAR_BACKENDS, LinearBackend, Verdict
+from nvfp4stack.kernels.base import LINEAR_BACKENDS, Capabilities, RunnableLinearBackend, Verdict
 from nvfp4stack.schemes import Scheme
 
 
@@ -35,10 +35,9 @@ class TypedLinear:
 
 
 @LINEAR_BACKENDS.register("torch_emulation")
-class TorchEmulationLinear(LinearBackend):
-    provider = "nvfp4stack"
-    schemes = (Scheme.NVFP4_W4A16, Scheme.MXFP4, Scheme.FP8_BLOCK)
-    emulated = True
+class TorchEmulationLinear(RunnableLinearBackend):
+    capabilities = Capabilities(provider="nvfp4stack", schemes=(Scheme.NVFP4_W4A16, Scheme.MXFP4, Scheme.FP8_BLOCK),
+                                emulated=True)
 
     @classmethod
     def supports_arch(cls, arch: Arch) -> Verdict:

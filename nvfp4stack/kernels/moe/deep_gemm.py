@@ -1,15 +1,14 @@
 """DeepGEMM MoE (vLLM --moe-backend deep_gemm): FP8 block and MXFP4 (E2M1 + UE8M0 per 32)."""
-from nvfp4stack.kernels.base import MOE_BACKENDS, Verdict
+from nvfp4stack.kernels.base import MOE_BACKENDS, Capabilities, Verdict
 from nvfp4stack.kernels.vllm_backend import VllmMoeBackend
 from nvfp4stack.schemes import Scheme
 
 
 @MOE_BACKENDS.register("deep_gemm")
 class DeepGemmMoE(VllmMoeBackend):
-    vllm_moe_backend = "deep_gemm"
-    schemes = (Scheme.MXFP4, Scheme.FP8_BLOCK)
-    min_capability = (9, 0)
-    needs = "DeepGEMM targets Hopper and Blackwell"
+    capabilities = Capabilities(
+        provider="vllm", vllm_flag="deep_gemm", schemes=(Scheme.MXFP4, Scheme.FP8_BLOCK),
+        min_capability=(9, 0), arch_needs="DeepGEMM targets Hopper and Blackwell")
 
     @classmethod
     def can_implement(cls, scheme: Scheme) -> Verdict:

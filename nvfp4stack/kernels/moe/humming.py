@@ -1,12 +1,11 @@
 """vLLM Humming MoE (vLLM --moe-backend humming): weight-only FP4 for SM75+."""
-from nvfp4stack.kernels.base import MOE_BACKENDS
+from nvfp4stack.kernels.base import MOE_BACKENDS, Capabilities
 from nvfp4stack.kernels.vllm_backend import VllmMoeBackend
 from nvfp4stack.schemes import Scheme
 
 
 @MOE_BACKENDS.register("humming")
 class HummingMoE(VllmMoeBackend):
-    vllm_moe_backend = "humming"
-    schemes = (Scheme.NVFP4, Scheme.NVFP4_W4A16)
-    min_capability = (7, 5)
-    needs = "Humming's weight-only kernels"
+    capabilities = Capabilities(
+        provider="vllm", vllm_flag="humming", schemes=(Scheme.NVFP4, Scheme.NVFP4_W4A16),
+        min_capability=(7, 5), arch_needs="Humming's weight-only kernels")

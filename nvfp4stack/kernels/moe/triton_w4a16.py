@@ -11,7 +11,7 @@ import torch
 
 from nvfp4stack.arch import Arch
 from nvfp4stack.formats.nvfp4 import Nvfp4Tensor
-from nvfp4stack.kernels.base import MOE_BACKENDS, MoeBackend, MoeWeights, Verdict
+from nvfp4stack.kernels.base import MOE_BACKENDS, Capabilities, MoeWeights, RunnableMoeBackend, Verdict
 from nvfp4stack.kernels.moe.hopper_w4a16.packed import PackedExperts
 from nvfp4stack.schemes import Scheme
 
@@ -19,12 +19,14 @@ _SUPPORTED_SM = (80, 89, 90, 100, 103, 120)
 
 
 @MOE_BACKENDS.register("triton_w4a16")
-class TritonW4A16Moe(MoeBackend):
+class TritonW4A16Moe(RunnableMoeBackend):
     """Fused NVFP4 weight-only expert MLP with clamped SwiGLU (Triton; Gluon decode on sm90)."""
 
-    provider = "nvfp4stack"
-    schemes = (Scheme.NVFP4, Scheme.NVFP4_W4A16)
-    skips_negative_ids = True  # routing drops them, the top-k combine skips their rows
+    capabilities = Capabilities(
+        provider="nvfp4stack", schemes=(Scheme.NVFP4, Scheme.NVFP4_W4A16),
+        negative_expert_ids=True,  # routing drops them, the top-k combine skips their rows
+        fp8_prefill=True)
+    prepared_type = PackedExperts
 
     @classmethod
     def supports_arch(cls, arch: Arch) -> Verdict:
@@ -41,7 +43,7 @@ class TritonW4A16Moe(MoeBackend):
         )
 
     @classmethod
-    def prepare(cls, weights: MoeWeights, *, fp8_prefill: bool = False) -> PackedExperts:
+    def prepare(cls, weights: MoeWeights, *, fp8_prefill: bool = False, routed_experts: int = 0) -> PackedExperts:
         """The packed NVFP4 experts; with ``fp8_prefill`` also their FP8 row-scaled copy (+1 byte per
         weight, built once), which ``apply`` uses from 64 routed rows per expert. On sm90 (where the
         Gluon decode kernels run) and shapes that tile, the packed bytes are copied once into the tile
@@ -64,7 +66,7 @@ class TritonW4A16Moe(MoeBackend):
         if tiled:
             w13, w2 = tiles.tile_experts(weights.w13, weights.w2)
             weights = dataclasses.replace(weights, w13=w13, w2=w2)
-        return PackedExperts(weights, fp8, tiled)
+        return PackedExperts(weights, fp8, tiled, routed_experts)
 
     @classmethod
     def apply(cls, prepared: PackedExperts, x: torch.Tensor, topk_weights: torch.Tensor,

@@ -27,7 +27,9 @@ from nvfp4stack.models.deepseek_v4.layouts import native_expert_name
 from nvfp4stack.models.deepseek_v4.capture import Captures, expert_act_amax, experts_modules, weight_modules
 from nvfp4stack.eval.metrics import compare
 from nvfp4stack.eval.precision import EvalPrecision
+from nvfp4stack.arch import KNOWN_ARCHS, detect
 from nvfp4stack.formats.nvfp4 import GLOBAL_DIVISOR, fake_quantize_nvfp4_activation
+from nvfp4stack.kernels.base import MOE_BACKENDS, MoeWeights, RunnableMoeBackend, load_backends
 from nvfp4stack.kernels.moe.hopper_w4a16.torch_twin import dequantize_expert
 from nvfp4stack.eval.emulate import fake_quant_act
 from nvfp4stack.schemes import Scheme
@@ -67,15 +69,16 @@ def linear_metrics(model, caps: Captures, prec: EvalPrecision) -> dict[str, dict
     return out
 
 
-def _moe_kernel(moe_backend: str):
-    """(name, forward) of the MoE kernel to run NVFP4 experts with on this host."""
-    if moe_backend == "triton_w4a16" and torch.cuda.is_available():
-        from nvfp4stack.kernels.moe.hopper_w4a16.fused_moe import nvfp4_moe_forward_triton
-
-        return "triton_w4a16", nvfp4_moe_forward_triton
-    from nvfp4stack.kernels.moe.hopper_w4a16.torch_twin import nvfp4_moe_forward
-
-    return "torch_emulation", nvfp4_moe_forward
+def _moe_backend(moe_backend: str, scheme: Scheme) -> tuple[type[RunnableMoeBackend], torch.device]:
+    """The MoE backend to run ``scheme`` experts with on this host, and its device: ``backend.moe`` where
+    nvfp4stack runs it and this host supports it, else torch_emulation; on CPU where the backend runs there."""
+    load_backends()
+    arch = detect()
+    backend = MOE_BACKENDS.get(moe_backend) if moe_backend in MOE_BACKENDS else None
+    if backend is None or not issubclass(backend, RunnableMoeBackend) or not backend.is_supported(arch, scheme)[0]:
+        backend = MOE_BACKENDS.get("torch_emulation")
+    on_cpu = backend.is_supported(KNOWN_ARCHS["cpu"], scheme)[0]
+    return backend, torch.device("cpu" if on_cpu else "cuda")
 
 
 def _act_scales(mod, hidden, idx) -> dict[str, torch.Tensor]:
@@ -85,25 +88,27 @@ def _act_scales(mod, hidden, idx) -> dict[str, torch.Tensor]:
             "a2_scale": torch.where(a2 > 0, a2, torch.ones_like(a2)) / GLOBAL_DIVISOR}
 
 
-def _nvfp4_experts_fn(mod, prec: EvalPrecision, scales: dict, moe_backend: str):
-    """(kernel name, forward(x, ids, weights), per-expert (w13, w2) getter) through the NVFP4 MoE kernel."""
+def _nvfp4_experts_fn(mod, prec: EvalPrecision, scheme: Scheme, scales: dict, moe_backend: str):
+    """(kernel name, forward(x, ids, weights), per-expert (w13, w2) getter) through the NVFP4 MoE backend."""
     w13, w2 = prec.weights.experts_nvfp4(mod._eval_prefix, mod.num_experts, mod.gate_up_proj, mod.down_proj,
                                          proj=("w1", "w3", "w2"))
 
     def expert_weights(e: int) -> tuple[torch.Tensor, torch.Tensor]:
         return dequantize_expert(w13, e), dequantize_expert(w2, e)
 
-    kernel_name, kernel = _moe_kernel(moe_backend)
-    if kernel_name == "triton_w4a16":
-        dev = torch.device("cuda")
-        w13_d, w2_d = (type(t)(t.data.to(dev), t.scale.to(dev), t.global_scale.to(dev), t.shape) for t in (w13, w2))
+    backend, dev = _moe_backend(moe_backend, scheme)
+    if dev.type == "cpu":
+        prepared = backend.prepare(MoeWeights(w13, w2, scales.get("a13_scale"), scales.get("a2_scale")))
 
-        def fn(x, ids, wts):  # weight-only kernel: no activation scales
-            return kernel(x.to(dev), w13_d, w2_d, wts.to(dev), ids.to(dev), swiglu_limit=mod.limit).float().cpu()
-    else:
         def fn(x, ids, wts):
-            return kernel(x, w13, w2, wts, ids, swiglu_limit=mod.limit, **scales)
-    return kernel_name, fn, expert_weights
+            return backend.apply(prepared, x, wts, ids, swiglu_limit=mod.limit)
+    else:  # a weight-only GPU kernel: no activation scales, bf16 activations in, fp32 metrics out
+        w13_d, w2_d = (type(t)(t.data.to(dev), t.scale.to(dev), t.global_scale.to(dev), t.shape) for t in (w13, w2))
+        prepared = backend.prepare(MoeWeights(w13_d, w2_d))
+
+        def fn(x, ids, wts):
+            return backend.apply(prepared, x.to(dev), wts.to(dev), ids.to(dev), swiglu_limit=mod.limit).float().cpu()
+    return backend.name, fn, expert_weights
 
 
 def _emulated_experts_fn(mod, layer: str, prec: EvalPrecision):
@@ -151,7 +156,7 @@ def experts_metrics(model, caps: Captures, prec: EvalPrecision, moe_backend: str
         mod._eval_prefix = prefix = f"layers.{layer}.ffn.experts"
         scales = _act_scales(mod, hidden, idx) if scheme is Scheme.NVFP4 else {}
         if scheme is not None and scheme.is_nvfp4:
-            kernel, q_fn, weights = _nvfp4_experts_fn(mod, prec, scales, moe_backend)
+            kernel, q_fn, weights = _nvfp4_experts_fn(mod, prec, scheme, scales, moe_backend)
         else:
             kernel, (q_fn, weights) = "emulated_weights", _emulated_experts_fn(mod, layer, prec)
         entry = {"scheme": scheme.value if scheme else "mixed", "kernel": kernel,

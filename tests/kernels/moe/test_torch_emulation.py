@@ -135,7 +135,7 @@ def test_shape_and_id_errors_name_the_argument():
 
 def test_backend_registration():
     be = MOE_BACKENDS.get("torch_emulation")
-    assert be.kind == "moe" and be.provider == "nvfp4stack"
+    assert be.kind == "moe" and be.capabilities.provider == "nvfp4stack"
     for arch in KNOWN_ARCHS.values():
         ok, reason = be.is_supported(arch, Scheme.NVFP4)
         assert ok and "any device" in reason

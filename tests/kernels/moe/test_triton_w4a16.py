@@ -23,7 +23,7 @@ def test_registration_and_arch_verdicts():
     import nvfp4stack.kernels.moe.triton_w4a16  # noqa: F401  (registers the backend)
 
     be = MOE_BACKENDS.get("triton_w4a16")
-    assert be.kind == "moe" and be.provider == "nvfp4stack"
+    assert be.kind == "moe" and be.capabilities.provider == "nvfp4stack"
     ok, reason = be.is_supported(KNOWN_ARCHS["cpu"], Scheme.NVFP4)
     assert not ok and "CUDA" in reason and "torch_emulation" in reason
     for name in ("sm80", "sm89", "sm90", "sm100a", "sm120"):

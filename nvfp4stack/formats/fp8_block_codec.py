@@ -1,5 +1,5 @@
 """FP8 block storage: ``weight`` E4M3 [N, K] and one scale per 128x128 block, UE8M0 bytes or fp32,
-as ``scale`` (DeepSeek layout) or ``weight_scale_inv`` (HF FP8 exports)."""
+as ``scale`` (the release layout) or ``weight_scale_inv`` (HF FP8 exports)."""
 from __future__ import annotations
 
 import math

@@ -83,7 +83,6 @@ class ArchConfig:
         _check_choice("arch.name", self.name, ["auto", *KNOWN_ARCHS])
 
 
-_SCHEMES = [s.value for s in Scheme]
 _NOT_ROLES = ("mtp", "fp8_scale_fmt", "rules")
 
 
@@ -108,9 +107,10 @@ class _PrecisionBase:
     rules: list[PrecisionRule] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        schemes = Scheme.names()  # read here: a storage codec may register its scheme after import
         for key, value in self.role_schemes().items():
-            _check_choice(f"precision.{key}", value, _SCHEMES)
-        _check_choice("precision.mtp", self.mtp, [*_SCHEMES, "inherit"])
+            _check_choice(f"precision.{key}", value, schemes)
+        _check_choice("precision.mtp", self.mtp, [*schemes, "inherit"])
         _check_choice("precision.fp8_scale_fmt", self.fp8_scale_fmt, ("ue8m0", "fp32"))
 
     def role_schemes(self) -> dict[str, str]:

@@ -1,26 +1,21 @@
-"""Checkpoint tensor groups <-> typed format containers (the one place that knows suffixes).
+"""Checkpoint tensor groups <-> typed format containers, for the converters.
 
-Group keys follow the checkpoints we read and write: NVFP4 (modelopt export) ``weight``,
-``weight_scale``, ``weight_scale_2``, ``input_scale``; MXFP4 and FP8 block (release format)
-``weight`` + ``scale`` (HF FP8 exports call it ``weight_scale_inv``).
+Group keys follow the checkpoints we read and write, as the storage codecs in formats/*_codec.py
+list them: NVFP4 (modelopt export) ``weight``, ``weight_scale``, ``weight_scale_2``,
+``input_scale``; MXFP4 and FP8 block (release format) ``weight`` + ``scale`` (HF FP8 exports
+call it ``weight_scale_inv``).
 """
 from __future__ import annotations
 
 import torch
 
+from nvfp4stack.formats.codec import require
 from nvfp4stack.formats.fp8_block import Fp8BlockTensor
+from nvfp4stack.formats.fp8_block_codec import SCALE_KEYS as FP8_SCALE_KEYS
 from nvfp4stack.formats.mxfp4 import Mxfp4Tensor, as_ue8m0_bytes
 from nvfp4stack.formats.nvfp4 import GLOBAL_DIVISOR, Nvfp4Tensor
 
-FP8_SCALE_KEYS = ("scale", "weight_scale_inv")
 _PACKED_DTYPES = (torch.uint8, torch.int8) + ((torch.float4_e2m1fn_x2,) if hasattr(torch, "float4_e2m1fn_x2") else ())
-
-
-def require(tensors: dict, keys, name: str, fmt: str) -> None:
-    missing = [k for k in keys if k not in tensors]
-    if missing:
-        raise KeyError(f"{name}: {fmt} group needs {', '.join(f'{name}.{k}' for k in missing)}; "
-                       f"found {sorted(tensors)}. Check the plan picked the right converter")
 
 
 def packed_bytes(t: torch.Tensor, name: str) -> torch.Tensor:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from nvfp4stack.checkpoint.safetensors_io import DTYPES, INDEX_NAME, TensorInfo, check_inside
 from nvfp4stack.doctor.report import DoctorReport
+from nvfp4stack.formats.codec import Entry
 from nvfp4stack.plan.groups import group_name
 from nvfp4stack.schemes import Scheme
 
@@ -139,20 +140,9 @@ def check_index(index: dict, tensors: dict[str, TensorInfo], files: list[Path], 
 
 
 def sniff(sufs: dict[str, TensorInfo]) -> Scheme | None:
-    """Stored format of one group from its suffixes and the weight's dtype (None: cannot tell)."""
-    w = sufs.get("weight")
-    if {"weight_scale_2", "input_scale"} & set(sufs) or ("weight_scale" in sufs and w is not None and w.dtype == "U8"):
-        return Scheme.NVFP4
-    if w is None:
-        return None
-    if w.dtype in ("U8", "I8"):
-        # packed E2M1 without any scale tensor: NVFP4 or MXFP4 cannot be told; the role's majority decides
-        return Scheme.MXFP4 if "scale" in sufs else None
-    if w.dtype.startswith("F8"):
-        return Scheme.FP8_BLOCK
-    if w.dtype in ("BF16", "F16", "F32"):
-        return Scheme.BF16
-    return None
+    """Stored format of one group from its tensors' header entries (None: cannot tell, e.g. packed
+    E2M1 without any scale tensor is NVFP4 or MXFP4: the role's majority decides)."""
+    return Scheme.detect({s: Entry(i.dtype, tuple(i.shape)) for s, i in sufs.items()})
 
 
 def by_group(tensors: dict[str, TensorInfo]) -> dict[str, dict[str, TensorInfo]]:

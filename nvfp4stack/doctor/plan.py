@@ -90,8 +90,9 @@ def claimed_scheme(q: dict, group: str) -> Scheme | None:
 
 
 def _storage(s: Scheme) -> Scheme:
-    """Schemes with the same stored tensors compare equal (NVFP4 W4A4 and W4A16 share bytes)."""
-    return Scheme.NVFP4 if s is Scheme.NVFP4_W4A16 else (UNQUANTIZED if s is Scheme.PASSTHROUGH else s)
+    """The scheme named after ``s``'s storage, so schemes with the same stored tensors compare equal
+    (NVFP4 W4A4 and W4A16 share bytes); a pass-through group counts as unquantized."""
+    return UNQUANTIZED if s is Scheme.PASSTHROUGH else Scheme(s.storage)
 
 
 def _where(role: str, layers: set[str], example: str) -> str:

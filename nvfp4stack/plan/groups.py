@@ -6,20 +6,18 @@ from pathlib import Path
 from typing import Iterator
 
 from nvfp4stack.checkpoint.safetensors_io import check_inside, read_header
+from nvfp4stack.formats.codec import Entry, group_suffixes
 from nvfp4stack.models.family import TensorGroup
 from nvfp4stack.plan.roles import is_mtp, non_matrix_roles, role_of
 from nvfp4stack.schemes import Scheme
 
-# Stored-tensor suffixes that belong to one logical weight (native, modelopt, HF-FP8 layouts).
-GROUP_SUFFIXES = (".weight_scale_2", ".weight_scale_inv", ".weight_scale", ".input_scale",
-                  ".weight", ".scales", ".scale")
-
 
 def group_name(tensor_name: str) -> tuple[str, str]:
-    """Split a stored tensor name into (group, suffix): 'a.w1.weight_scale' -> ('a.w1', 'weight_scale')."""
-    for suf in GROUP_SUFFIXES:
-        if tensor_name.endswith(suf):
-            return tensor_name[: -len(suf)], suf[1:]
+    """Split a stored tensor name into (group, suffix): 'a.w1.weight_scale' -> ('a.w1', 'weight_scale');
+    the suffixes are the storage codecs' (native, modelopt, HF-FP8 layouts, and any registered codec)."""
+    for suf in group_suffixes():
+        if tensor_name.endswith("." + suf):
+            return tensor_name[: -len(suf) - 1], suf
     return tensor_name, ""
 
 
@@ -36,21 +34,11 @@ def checkpoint_tensors(ckpt: Path) -> dict[str, dict]:
     return out
 
 
-_DTYPE_SCHEME = {"BF16": Scheme.BF16, "F16": Scheme.BF16, "F32": Scheme.BF16}
-
-
 def sniff_scheme(suffixes: dict[str, dict]) -> Scheme:
-    """The stored format of one group from its tensors' dtypes (never from a dtype alone)."""
-    w = suffixes.get("weight")
-    if "weight_scale_2" in suffixes and w is not None and w["dtype"] == "U8":
-        return Scheme.NVFP4
-    if w is not None and w["dtype"] in ("U8", "I8") and ("scales" in suffixes or "scale" in suffixes):
-        return Scheme.MXFP4
-    if w is not None and w["dtype"].startswith("F8"):
-        return Scheme.FP8_BLOCK
-    if w is not None:
-        return _DTYPE_SCHEME.get(w["dtype"], Scheme.PASSTHROUGH)
-    return Scheme.PASSTHROUGH
+    """The stored format of one group from its tensors' header entries (never from a dtype alone);
+    a group no storage codec claims passes through as stored."""
+    entries = {s: Entry(i["dtype"], tuple(i["shape"])) for s, i in suffixes.items()}
+    return Scheme.detect(entries) or Scheme.PASSTHROUGH
 
 
 def groups_from_checkpoint(ckpt: Path, num_hidden_layers: int | None,
@@ -67,8 +55,7 @@ def groups_from_checkpoint(ckpt: Path, num_hidden_layers: int | None,
         role = role_of(g, family) or "unknown"
         shape = tuple(w["shape"])
         scheme = sniff_scheme(sufs)
-        if scheme in (Scheme.NVFP4, Scheme.MXFP4):
-            shape = (*shape[:-1], shape[-1] * 2)  # two E2M1 values per byte
+        shape = scheme.codec.logical_shape(shape)  # packed formats: two values per byte
         matrix = len(shape) >= 2 and role not in non_matrix and w["dtype"] not in ("I64", "I32")
         dtype = {"F32": "f32", "I64": "i64", "I32": "i32"}.get(w["dtype"], "bf16")
         yield TensorGroup(g, shape, role, is_mtp(g, num_hidden_layers, family), dtype, matrix), scheme

@@ -23,10 +23,6 @@ class PlanError(ValueError):
     """The requested precision/backend/arch combination breaks a rule; the message says which and the fix."""
 
 
-# Same stored tensors, different activation handling: no conversion between these.
-_SAME_STORAGE = {frozenset({Scheme.NVFP4, Scheme.NVFP4_W4A16})}
-
-
 @dataclass
 class GroupPlan:
     """The decision for one tensor group."""
@@ -144,16 +140,17 @@ def resolve_target(group: TensorGroup, source: Scheme, rules: list[PrecisionRule
 
 
 def converter_for(source: Scheme, target: Scheme, where: str) -> str | None:
-    """The registered converter from ``source`` to ``target`` (None when storage is unchanged)."""
-    if source is target or frozenset({source, target}) in _SAME_STORAGE or source is Scheme.PASSTHROUGH:
+    """The registered converter from ``source``'s storage to ``target``'s (None when the stored
+    tensors stay: same storage, e.g. nvfp4 served W4A4 or W4A16, or a pass-through source)."""
+    if source.storage == target.storage or source is Scheme.PASSTHROUGH:
         return None
     import nvfp4stack.convert  # noqa: F401  (registers every converter)
     from nvfp4stack.convert.base import CONVERTERS
 
-    want_target = Scheme.NVFP4 if target is Scheme.NVFP4_W4A16 else target
     for name in CONVERTERS.names():
         conv = CONVERTERS.get(name)
-        if getattr(conv, "source", None) is source and getattr(conv, "target", None) is want_target:
+        reads, writes = getattr(conv, "source", None), getattr(conv, "target", None)
+        if reads is not None and writes is not None and (reads.storage, writes.storage) == (source.storage, target.storage):
             return name
     raise PlanError(
         f"{where}: no converter from {source.value} to {target.value}; available: "

@@ -9,38 +9,33 @@ from pathlib import Path
 import torch
 
 from nvfp4stack.checkpoint.safetensors_io import ShardedReader
-from nvfp4stack.formats.fp8_block import dequantize_fp8_block
-from nvfp4stack.formats.mxfp4 import as_ue8m0_bytes, dequantize_mxfp4
-from nvfp4stack.formats.nvfp4 import dequantize_nvfp4
+from nvfp4stack.formats.codec import Entry, detect, group_suffixes
 from nvfp4stack.io_atomic import atomic_write_text
 from nvfp4stack.plan.roles import is_mtp, role_of
 
 
-def stored_format(reader: ShardedReader, weight_name: str) -> str:
-    """'nvfp4', 'fp8_block', 'mxfp4' or the plain dtype of one stored ``.weight``."""
+def _stored_group(reader: ShardedReader, weight_name: str):
+    """(codec or None, suffix -> Entry) of the group one stored ``.weight`` belongs to."""
     base = weight_name[: -len(".weight")]
-    info = reader.infos[weight_name]
-    if base + ".weight_scale" in reader and base + ".weight_scale_2" in reader:
-        return "nvfp4"
-    if base + ".scale" in reader:
-        return "fp8_block" if info.dtype == "F8_E4M3" else "mxfp4"
-    return info.dtype.lower()
+    entries = {suf: Entry(info.dtype, tuple(info.shape)) for suf in group_suffixes()
+               if (info := reader.infos.get(f"{base}.{suf}")) is not None}
+    return detect(entries), entries
+
+
+def stored_format(reader: ShardedReader, weight_name: str) -> str:
+    """The storage codec's name of one stored ``.weight`` ('nvfp4', 'fp8_block', 'mxfp4', ...), or
+    the plain dtype of an unquantized one."""
+    codec, entries = _stored_group(reader, weight_name)
+    return codec.describe(entries) if codec is not None else reader.infos[weight_name].dtype.lower()
 
 
 def dequantize_group(reader: ShardedReader, weight_name: str) -> torch.Tensor:
-    """The float32 value of one stored ``.weight``, whatever its format."""
+    """The float32 value of one stored ``.weight``, whatever its format (its storage codec decodes it)."""
+    codec, entries = _stored_group(reader, weight_name)
+    if codec is None:
+        return reader.get(weight_name).float()
     base = weight_name[: -len(".weight")]
-    fmt = stored_format(reader, weight_name)
-    w = reader.get(weight_name)
-    if fmt == "nvfp4":
-        return dequantize_nvfp4(w.view(torch.uint8), reader.get(base + ".weight_scale"),
-                                reader.get(base + ".weight_scale_2"), torch.float32)
-    if fmt == "fp8_block":
-        return dequantize_fp8_block(w, reader.get(base + ".scale"), torch.float32)
-    if fmt == "mxfp4":
-        return dequantize_mxfp4(w.view(torch.uint8), as_ue8m0_bytes(reader.get(base + ".scale"), base + ".scale"),
-                                torch.float32)
-    return w.float()
+    return codec.dequantize({suf: reader.get(f"{base}.{suf}") for suf in entries if suf in codec.suffixes}, base)
 
 
 def _group_key(name: str, family: str | None = None, num_hidden_layers: int | None = None) -> str:

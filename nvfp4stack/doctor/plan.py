@@ -89,7 +89,7 @@ def claimed_scheme(q: dict, group: str) -> Scheme | None:
     return ALGO_SCHEMES.get(q["quant_algo"])
 
 
-def _storage(s: Scheme) -> Scheme:
+def stored_format(s: Scheme) -> Scheme:
     """Schemes with the same stored tensors compare equal (NVFP4 W4A4 and W4A16 share bytes)."""
     return Scheme.NVFP4 if s is Scheme.NVFP4_W4A16 else (UNQUANTIZED if s is Scheme.PASSTHROUGH else s)
 
@@ -155,7 +155,7 @@ def check_plan_agreement(plan, ckpt: str | Path, report: DoctorReport) -> None:
         claimed = claimed_scheme(q, g.name)
         if claimed is None:
             continue
-        stored, planned = _storage(g.source), _storage(g.target)
+        stored, planned = stored_format(g.source), stored_format(g.target)
         m = _LAYER.search(g.name)
         layer = m.group(1) if m else "-"
         if claimed is not stored:

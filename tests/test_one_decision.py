@@ -8,6 +8,7 @@ or both refuse with the same error.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -78,3 +79,71 @@ def test_per_layer_rule_reaches_the_engine_section(tmp_path):
     assert plan.layers["routed_experts"] == {"1": {"scheme": "bf16", "kernel": "unquantized"}}
     assert plan.own_kernel("model.layers.1.ffn.experts", "moe") is None
     assert plan.own_kernel("model.layers.2.ffn.experts", "moe") == "triton_w4a16"
+
+
+EXPERTS_BF16 = "precision.rules=[{targets:[routed_experts],scheme:bf16}]"
+EXPERTS_W4A16 = "precision.rules=[{targets:[routed_experts],scheme:nvfp4_w4a16}]"
+
+
+def _plan_outputs(run_dir, *overrides) -> tuple[int, dict, dict]:
+    """plan's exit code, backend checks and the MoE columns of its metrics.json."""
+    from nvfp4stack.tasks import plan as plan_task
+
+    code = plan_task.run(compose_config(*overrides, f"run_dir={run_dir}"))
+    planned = json.loads((run_dir / "plan.json").read_text())
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    return code, planned["backend_checks"], {k: v for k, v in metrics.items() if k.startswith(("moe_", "experts_"))}
+
+
+@pytest.mark.parametrize("recipe,rule,field", [
+    ("tiny_dsv4", EXPERTS_W4A16, "precision.routed_experts=nvfp4_w4a16"),     # torch_emulation, served W4A16
+    ("tiny_dsv4_h200", EXPERTS_BF16, "precision.routed_experts=bf16"),        # triton_w4a16 cannot run bf16
+])
+def test_plan_checks_the_moe_backend_against_the_experts_rules_give(recipe, rule, field, tmp_path):
+    """``plan``'s MoE backend check and metrics read the planner's decision: a rule on the routed experts
+    gives what the same scheme through the role's field gives, not what the field left alone says."""
+    by_rule = _plan_outputs(tmp_path / "rule", f"recipe={recipe}", rule)
+    by_field = _plan_outputs(tmp_path / "field", f"recipe={recipe}", field)
+    unruled = _plan_outputs(tmp_path / "none", f"recipe={recipe}")
+    assert by_rule == by_field
+    assert by_rule[1]["moe"] != unruled[1]["moe"], f"{recipe}: the rule changes the experts' scheme, so the check"
+
+
+def test_plan_refusal_is_checked_against_the_ruled_experts(tmp_path):
+    """A refused explicit MoE backend is checked against the scheme the rule gives the experts, and the
+    plan written beside the refusal is auto's, as for the same scheme through the role's field."""
+    from nvfp4stack.kernels.select import BackendError
+    from nvfp4stack.tasks import plan as plan_task
+
+    found = []
+    for i, scheme in enumerate((EXPERTS_W4A16, "precision.routed_experts=nvfp4_w4a16")):
+        cfg = compose_config("recipe=tiny_dsv4", scheme, "backend.moe=flashinfer_trtllm", f"run_dir={tmp_path / str(i)}")
+        with pytest.raises(BackendError, match="flashinfer_trtllm cannot run nvfp4_w4a16 on cpu"):
+            plan_task.run(cfg)
+        found.append(json.loads((tmp_path / str(i) / "plan.json").read_text())["backend_checks"]["moe"])
+    assert found[0] == found[1]
+    assert found[0]["valid"] is False and found[0]["fallback"] == "torch_emulation" and "nvfp4_w4a16" in found[0]["reason"]
+
+
+def _eval_view(*overrides):
+    from nvfp4stack.eval.precision import eval_precision
+    from nvfp4stack.models.resolve import header_dir
+    from nvfp4stack.plan.build import plan_for_config
+
+    cfg = compose_config("recipe=tiny_dsv4", *overrides, "run_dir=/tmp/unused")
+    ckpt = header_dir(cfg.model, cfg.cache_dir)   # the factory's random twin: the same headers, seconds to build
+    return eval_precision(cfg, ckpt), plan_for_config(cfg)
+
+
+@pytest.mark.parametrize("overrides,experts", [
+    ((), "nvfp4"),
+    ((EXPERTS_BF16,), "bf16"),
+    ((r"precision.rules=[{targets:['re:^layers\.1\.ffn\.experts\.'],scheme:bf16}]",), "mixed"),
+])
+def test_eval_precision_is_the_plans_decision(overrides, experts):
+    """``eval`` emulates each group in the scheme the plan stores it in, rules included."""
+    prec, plan = _eval_view(*overrides)
+    planned = plan.by_name()
+    assert prec.targets and {n: planned[n].target for n in prec.targets} == prec.targets
+    assert prec.role_schemes()["routed_experts"] == experts
+    assert prec.plan_error is None and (prec.weight_bytes, prec.plan_gpu_bytes) == (plan.total_bytes, plan.gpu_bytes)

@@ -118,6 +118,18 @@ def _quantized(recipe: str, scratch: Path) -> Path:
     return found[0]
 
 
+def _uses_trained_default(argv: list[str]) -> bool:
+    """The command's model is the trained default (``tiny_v3``, trained on first use); a README
+    ``PATH`` is the `quantize` output of the command's own recipe, so it counts too."""
+    from nvfp4stack.cli import compose_config
+    from nvfp4stack.models.registry import DEFAULT_MODEL
+
+    given = dict(a.partition("=")[::2] for a in argv[2:] if "=" in a and not a.startswith("-"))
+    factory = given.get("model.factory") or compose_config(f"recipe={given.get('recipe', 'tiny_cpu')}",
+                                                           "run_dir=unused").model.factory
+    return factory == DEFAULT_MODEL["factory"] and given.get("model.path", "PATH") in PLACEHOLDERS
+
+
 def _fill_placeholders(argv: list[str], scratch: Path) -> list[str]:
     """PATH/REL/BF16 -> the `quantize` output of the command's own recipe (the default: tiny_cpu)."""
     recipe = next((a.partition("=")[2] for a in argv if a.startswith("recipe=")), "tiny_cpu")
@@ -185,9 +197,10 @@ def test_readme_command_runs(cmd, marker, scratch, request):
         argv = [a for a in argv if a.partition("=")[2] not in PLACEHOLDERS]
         timeout = 300
     else:
-        # `serve`, `bench` and `train` use the trained default of the user's cache: a cold cache (CI)
-        # trains it here, once per session, not inside a command's timeout or ready wait
-        request.getfixturevalue("trained_default")
+        if _uses_trained_default(argv):
+            # the trained default of the user's cache: a cold cache (CI) trains it here, once per
+            # session, not inside a command's timeout or ready wait
+            request.getfixturevalue("trained_default")
         argv = _fill_placeholders(argv, scratch)
         argv += BUDGETS.get(word, [])
         timeout = 900

@@ -16,7 +16,7 @@ from typing import Mapping
 
 from nvfp4stack.checkpoint.safetensors_io import TensorInfo, check_inside
 from nvfp4stack.doctor.files import by_group, read_checkpoint, sniff
-from nvfp4stack.doctor.plan import _storage as storage
+from nvfp4stack.doctor.plan import stored_format
 from nvfp4stack.doctor.report import DoctorReport, Finding
 from nvfp4stack.schemes import Scheme
 
@@ -86,7 +86,7 @@ def _check_sources(tensors: dict[str, TensorInfo], sources: Mapping[str, Scheme]
     stored = by_group(tensors)
     for group, want in sources.items():
         found = sniff(stored.get(group, {}))
-        if found is None or storage(found) is storage(want):
+        if found is None or stored_format(found) is stored_format(want):
             continue
         report.error("source", group, f"stored as {found.value} ({stored[group]['weight'].dtype} weight)",
                      f"{want.value}, the format the plan converts this group from",

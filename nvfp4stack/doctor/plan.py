@@ -89,7 +89,7 @@ def claimed_scheme(q: dict, group: str) -> Scheme | None:
     return ALGO_SCHEMES.get(q["quant_algo"])
 
 
-def _storage(s: Scheme) -> Scheme:
+def stored_format(s: Scheme) -> Scheme:
     """The scheme named after ``s``'s storage, so schemes with the same stored tensors compare equal
     (NVFP4 W4A4 and W4A16 share bytes); a pass-through group counts as unquantized."""
     return UNQUANTIZED if s is Scheme.PASSTHROUGH else Scheme(s.storage)
@@ -156,7 +156,7 @@ def check_plan_agreement(plan, ckpt: str | Path, report: DoctorReport) -> None:
         claimed = claimed_scheme(q, g.name)
         if claimed is None:
             continue
-        stored, planned = _storage(g.source), _storage(g.target)
+        stored, planned = stored_format(g.source), stored_format(g.target)
         m = _LAYER.search(g.name)
         layer = m.group(1) if m else "-"
         if claimed is not stored:

@@ -1,10 +1,10 @@
-"""Per tensor group precision for evaluation, from the plan's own resolution rules.
+"""Per tensor group precision for evaluation: the planner's own decisions.
 
 Emulation needs each group's *source* scheme (what the checkpoint stores) and *target* scheme (what
-the recipe stores); kernel choice does not change the numbers being emulated. So the scheme map comes
-from the planner's ``resolve_target`` and hard rules directly, and the full plan (kernels, served
-scheme) is attached when it builds; when it does not (no kernel for this host, say), the reason is
-recorded. The reference is always BF16: the checkpoint itself for a BF16 source, else
+the recipe stores); kernel choice does not change the numbers being emulated. So the scheme map is
+the planner's stored decision per group (``stored_schemes``, the half of ``decide`` that picks no
+kernel), and the full plan (kernels, served scheme) is attached when it builds; when it does not (no
+kernel for this host, say), the reason is recorded. The reference is always BF16: the checkpoint itself for a BF16 source, else
 ``eval.reference_path`` (a tiny factory's own BF16 layout for ``model.source_format=official``).
 """
 from __future__ import annotations
@@ -87,30 +87,26 @@ def with_checkpoint(cfg, ckpt: Path):
 
 
 def eval_precision(cfg, ckpt: Path) -> EvalPrecision:
-    """Source and target scheme per tensor group for ``cfg.precision``, resolved like the plan does
+    """Source and target scheme per tensor group for ``cfg.precision``, as the plan decides them
     (``ckpt``: the BF16 reference)."""
     from nvfp4stack.arch import resolve
     from nvfp4stack.plan.build import plan_for_config, plan_groups
-    from nvfp4stack.plan.planner import check_hard_rules, resolve_target
+    from nvfp4stack.plan.planner import stored_schemes
 
     source_dir = source_checkpoint_dir(cfg, ckpt)
     cfg = with_checkpoint(cfg, source_dir)
-    p = cfg.precision
-    _, groups = plan_groups(cfg)
-    targets, roles, sources, nbytes = {}, {}, {}, 0
-    rules, role_schemes = list(p.rules), p.role_schemes()
-    for g, source in groups:
-        if not g.is_matrix:
-            continue
-        target = resolve_target(g, source, rules, role_schemes, p.mtp)
-        check_hard_rules(g, source, target, cfg.model.family)
-        # MTP groups keep their own row: transformers' forward has no MTP block to evaluate them in
-        targets[g.name], roles[g.name], sources[g.name] = target, ("mtp" if g.mtp else g.role), source
-        nbytes += group_bytes(g, target, p.fp8_scale_fmt == "ue8m0")
-    nbytes += sum(group_bytes(g, s) for g, s in groups if not g.is_matrix)
+    groups = plan_groups(cfg)
+    decided = stored_schemes(groups[1], cfg.precision, cfg.model.family)  # hard-rule refusals raise here
+    ue8m0 = cfg.precision.fp8_scale_fmt == "ue8m0"
+    targets, roles, sources = {}, {}, {}
+    for g, source, target in decided:
+        if g.is_matrix:
+            # MTP groups keep their own row: transformers' forward has no MTP block to evaluate them in
+            targets[g.name], roles[g.name], sources[g.name] = target, ("mtp" if g.mtp else g.role), source
+    nbytes = sum(group_bytes(g, target, ue8m0) for g, _, target in decided)
     out = EvalPrecision(targets, roles, nbytes, weights=PlannedWeights(sources, source_dir))
     try:
-        plan = plan_for_config(cfg, arch=resolve(cfg.arch.name))
+        plan = plan_for_config(cfg, arch=resolve(cfg.arch.name), groups=groups)
         out.plan_gpu_bytes = plan.gpu_bytes
         out.served = {g.role: g.served.value for g in plan.groups if g.name in targets}
     except Exception as e:  # noqa: BLE001 - a plan that cannot build still has emulatable targets

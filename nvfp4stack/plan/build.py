@@ -30,10 +30,11 @@ def plan_groups(cfg):
     return hf, [(g, family.source_scheme(g, cfg.model.source_format)) for g in spec]
 
 
-def plan_for_config(cfg, arch: Arch | None = None, backend=None) -> Plan:
+def plan_for_config(cfg, arch: Arch | None = None, backend=None, groups=None) -> Plan:
     """The recipe's plan: every command that decides precision or kernels (plan, convert, serve,
-    eval, doctor, bench) takes it from here."""
-    hf, groups = plan_groups(cfg)
+    eval, doctor, bench) takes it from here. ``groups``: ``plan_groups(cfg)``, when the caller has
+    read them already."""
+    hf, groups = plan_groups(cfg) if groups is None else groups
     return build_plan(
         groups, model=cfg.model.name, family=cfg.model.family, arch=arch or resolve(cfg.arch.name),
         source_format=cfg.model.source_format, precision=cfg.precision, backend=backend or cfg.backend,

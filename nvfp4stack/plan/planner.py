@@ -132,11 +132,6 @@ def requested_scheme(group: TensorGroup, rules: list[PrecisionRule], role_scheme
     return Scheme(role_schemes.get(group.role, "passthrough"))
 
 
-def resolve_target(group: TensorGroup, source: Scheme, rules: list[PrecisionRule],
-                   role_schemes: dict[str, str], mtp_scheme: str) -> Scheme:
-    """The stored scheme the recipe gives this group (the requested one, or the source's)."""
-    target = requested_scheme(group, rules, role_schemes, mtp_scheme)
-    return source if target is Scheme.PASSTHROUGH else target
 
 
 def converter_for(source: Scheme, target: Scheme, where: str) -> str | None:
@@ -211,6 +206,23 @@ def fp8_prefill_bytes(group: TensorGroup) -> int:
     return group.numel + 4 * rows * (math.prod(lead) if lead else 1)
 
 
+def stored_scheme(group: TensorGroup, source: Scheme, requested: Scheme, family: str) -> Scheme:
+    """The stored half of :func:`decide`: the requested scheme (the source's for PASSTHROUGH), hard
+    rules enforced. Kernel choice never changes it."""
+    stored = source if requested is Scheme.PASSTHROUGH else requested
+    check_hard_rules(group, source, stored, family)
+    return stored
+
+
+def stored_schemes(groups: Iterable[tuple[TensorGroup, Scheme]], precision,
+                   family: str) -> list[tuple[TensorGroup, Scheme, Scheme]]:
+    """(group, source, stored) for every group, as :func:`build_plan` decides them but choosing no
+    kernel: what stays decided where a kernel is refused (``eval`` emulates it all the same)."""
+    rules, role_schemes = list(precision.rules), precision.role_schemes()
+    return [(g, source, stored_scheme(g, source, requested_scheme(g, rules, role_schemes, precision.mtp), family))
+            for g, source in groups]
+
+
 @dataclass(frozen=True)
 class Decision:
     """What one tensor group becomes: stored in the checkpoint, computed by the kernel, and how."""
@@ -230,8 +242,7 @@ def decide(group: TensorGroup, source: Scheme, requested: Scheme, *, family: str
     doctor read what it returned. ``selections`` caches one backend choice per (kind, scheme).
     Raises PlanError / BackendError naming the group or key, what was expected and the fix."""
     selections = {} if selections is None else selections
-    stored = source if requested is Scheme.PASSTHROUGH else requested
-    check_hard_rules(group, source, stored, family)
+    stored = stored_scheme(group, source, requested, family)
     if not group.is_matrix:
         return Decision(stored, stored, "-", None)
     converter = converter_for(source, stored, group.name)

@@ -3,13 +3,12 @@ from __future__ import annotations
 
 import json
 import sys
+from collections import Counter
 from dataclasses import replace
 
 from nvfp4stack.arch import resolve
-from nvfp4stack.engine.plan_section import engine_plan_from_plan
+from nvfp4stack.engine.plan_section import MOE_ROLES, engine_plan_from_plan
 from nvfp4stack.kernels.select import BackendError
-from nvfp4stack.models.family import TensorGroup
-from nvfp4stack.models.registry import get_family
 from nvfp4stack.plan.build import kv_cache_for_config, plan_for_config
 from nvfp4stack.plan.kv_cache import format_kv_report, nothing_fits
 from nvfp4stack.plan.planner import Plan, check_backend, write_plan
@@ -61,13 +60,25 @@ def format_plan(plan: Plan) -> str:
     return "\n".join(lines)
 
 
-def expert_scheme(cfg) -> Scheme:
-    """The scheme routed experts are planned to (what the MoE backend must run)."""
-    s = Scheme(cfg.precision.routed_experts)
-    if s is Scheme.PASSTHROUGH:  # kept as stored: the family says how its source format stores them
-        experts = TensorGroup("routed_experts", (1, 1), "routed_experts")
-        return get_family(cfg.model.family).source_scheme(experts, cfg.model.source_format)
-    return s
+def expert_scheme(plan: Plan) -> Scheme | None:
+    """The scheme the plan stores the routed experts in (what the MoE backend must run): the one most
+    of the main model's routed-expert groups got (precision rules may split them), None without any."""
+    counts = Counter(g.target for g in plan.groups if g.role in MOE_ROLES and not g.mtp)
+    return max(counts, key=lambda s: (counts[s], s.value)) if counts else None
+
+
+def _check_moe(cfg, arch, plan: Plan) -> dict:
+    """Whether ``backend.moe`` could run the plan's routed experts on ``arch``, with the reason."""
+    scheme = expert_scheme(plan)
+    if scheme is None:
+        return {"backend": cfg.backend.moe, "valid": True, "reason": "the plan has no routed experts"}
+    return check_backend("moe", cfg.backend.moe, arch, scheme)
+
+
+def _planned_moe(plan: Plan, missing="-"):
+    """The MoE backend the plan selected for its routed experts."""
+    scheme = expert_scheme(plan)
+    return plan.selections.get(f"moe:{scheme.value}", {}).get("backend", missing) if scheme else missing
 
 
 def _write_summary(cfg, plan: Plan, checks: dict) -> None:
@@ -79,7 +90,7 @@ def _write_summary(cfg, plan: Plan, checks: dict) -> None:
     moe = checks["moe"]
     kv = plan.kv_cache or {}
     row = {"moe_backend_requested": moe["backend"], "moe_backend_valid": "yes" if moe["valid"] else "REFUSED",
-           "moe_backend_planned": plan.selections.get(f"moe:{expert_scheme(cfg).value}", {}).get("backend", "-"),
+           "moe_backend_planned": _planned_moe(plan),
            "experts_served": moe.get("served_scheme", "-"), "total_params": plan.total_params,
            "weight_bytes": plan.total_bytes, "gpu_weight_bytes": plan.gpu_bytes}
     if kv.get("max_kv_tokens") is not None:
@@ -92,18 +103,24 @@ def run(cfg) -> int:
     beside it is the ``auto`` fallback, for comparison); 1 when the weights leave no room for KV
     cache (``NOTHING FITS``)."""
     arch = resolve(cfg.arch.name)
-    checks = {"moe": check_backend("moe", cfg.backend.moe, arch, expert_scheme(cfg))}
     refusal = None
     try:
         plan = plan_for_config(cfg, arch=arch)
     except BackendError as e:
-        if not cfg.backend.moe or checks["moe"]["valid"]:
-            raise  # not the MoE choice (linear, mtp_moe): nothing to fall back to
+        if not cfg.backend.moe:
+            raise
+        refusal = e
+        try:  # stored schemes do not depend on the backend: auto's plan has the same experts
+            plan = plan_for_config(cfg, arch=arch, backend=replace(cfg.backend, moe="auto"))
+        except BackendError:
+            raise e from None
+    checks = {"moe": _check_moe(cfg, arch, plan)}
+    if refusal is not None:
+        if checks["moe"]["valid"]:
+            raise refusal  # not the MoE choice (linear, mtp_moe): nothing to fall back to
         # Show what auto would do next to the refusal, then exit 2 with the refusal itself: the
         # same error `serve` gives for the same overrides.
-        refusal = e
-        plan = plan_for_config(cfg, arch=arch, backend=replace(cfg.backend, moe="auto"))
-        chosen = plan.selections.get(f"moe:{expert_scheme(cfg).value}", {}).get("backend")
+        chosen = _planned_moe(plan, None)
         checks["moe"]["fallback"] = chosen
         plan.warnings.append(f"REFUSED backend.moe={cfg.backend.moe} on {arch}; shown: backend.moe=auto -> {chosen}")
     plan.backend_checks = checks

@@ -29,14 +29,17 @@ def test_tiny_plan_shows_no_zero_gigabytes(tmp_path, capsys):
 
 def test_passthrough_experts_scheme_comes_from_the_family():
     from nvfp4stack.cli import compose_config
+    from nvfp4stack.plan.build import plan_for_config
     from nvfp4stack.schemes import Scheme
     from nvfp4stack.tasks.plan import expert_scheme
 
     def scheme(*args):
-        return expert_scheme(compose_config(*args, "precision.routed_experts=passthrough", "run_dir=/tmp/unused"))
+        return expert_scheme(plan_for_config(compose_config(*args, "precision.routed_experts=passthrough",
+                                                            "run_dir=/tmp/unused")))
 
     assert scheme("recipe=tiny_dsv4", "model.source_format=official") is Scheme.MXFP4   # DeepSeek-V4's release
-    assert scheme("recipe=tiny_dsv4", "model.source_format=modelopt") is Scheme.NVFP4
+    assert scheme("recipe=dsv4_h200", "model.source_format=modelopt") is Scheme.NVFP4   # weight-free descriptor
+    assert scheme("recipe=qwen3_235b_h200", "model.source_format=modelopt") is Scheme.NVFP4
+    assert scheme("recipe=qwen3_235b_h200", "model.source_format=bf16") is Scheme.BF16
     assert scheme("recipe=tiny_dsv4") is Scheme.BF16
-    assert scheme("recipe=tiny_qwen3_moe", "model.source_format=modelopt") is Scheme.NVFP4
     assert scheme("recipe=tiny_cpu") is Scheme.BF16                                       # DeepseekV3: generic

@@ -2,8 +2,8 @@
 import pytest
 
 from nvfp4stack.config import ModelConfig
-from nvfp4stack.models.family import GENERIC_SOURCE_FORMATS, ModelFamily
-from nvfp4stack.models.registry import get_family
+from nvfp4stack.families.family import GENERIC_SOURCE_FORMATS, ModelFamily
+from nvfp4stack.families.registry import get_family
 
 
 def test_generic_and_family_source_formats():

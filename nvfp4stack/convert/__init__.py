@@ -17,7 +17,7 @@ from nvfp4stack.convert.base import CONVERTERS, Converter
 def _register_family_converters() -> None:
     import importlib
 
-    from nvfp4stack.models.registry import families
+    from nvfp4stack.families.registry import families
 
     for fam in families():
         for module in fam.converter_modules:

@@ -73,7 +73,7 @@ def _source_config(src: Path, report: DoctorReport) -> dict | None:
 
 
 def _family(cfg: dict | None):
-    from nvfp4stack.models.registry import family_for_config
+    from nvfp4stack.families.registry import family_for_config
 
     try:
         return family_for_config(cfg) if cfg else None

@@ -24,7 +24,7 @@ def gate_up_parts(tensors: dict, name: str, pairs: tuple[tuple[str, str], ...] |
     """The (gate, up) sub-module names among ``tensors``' keys ('w1.weight', 'gate_proj.weight_scale', ...);
     ``pairs``: the candidate (gate, up) names (default: every registered family's ``gate_up_pairs``)."""
     if pairs is None:
-        from nvfp4stack.models.registry import gate_up_pairs
+        from nvfp4stack.families.registry import gate_up_pairs
 
         pairs = gate_up_pairs()
     heads = {k.split(".", 1)[0] for k in tensors}

@@ -28,7 +28,7 @@ UNCHECKED_ROLES = ("gate", "embed", "head")
 
 def checked_roles(family: str) -> frozenset[str]:
     """Roles whose modules vLLM builds with the checkpoint's quant config, for ``family``."""
-    from nvfp4stack.models.registry import get_family
+    from nvfp4stack.families.registry import get_family
 
     fam = get_family(family)
     return frozenset({*fam.precision_roles, "mtp.proj"}) - {*UNCHECKED_ROLES, *fam.unquantized_roles}

@@ -204,7 +204,7 @@ def check_gate_up_scales(s2: dict[str, float], report: DoctorReport,
     """Warn where a gate projection's weight_scale_2 differs from its up projection's; ``s2``: group
     name -> its scalar weight_scale_2."""
     if gate_up_pairs is None:
-        from nvfp4stack.models.registry import gate_up_pairs as registered
+        from nvfp4stack.families.registry import gate_up_pairs as registered
 
         gate_up_pairs = registered()
     for g, v1 in sorted(s2.items()):

@@ -12,7 +12,7 @@ TOKENIZER_MODES = ("auto", "hf", "slow", "mistral", "custom")   # plus the model
 
 
 def tokenizer_modes() -> tuple[str, ...]:
-    from nvfp4stack.models.registry import families
+    from nvfp4stack.families.registry import families
 
     return (*TOKENIZER_MODES, *(m for f in families() for m in f.vllm_tokenizer_modes))
 DTYPES = ("auto", "bfloat16", "float16", "float32")

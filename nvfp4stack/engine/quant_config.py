@@ -30,7 +30,7 @@ def _built(prefix: str, method):
 def base_methods() -> tuple[str, ...]:
     """Built-in vLLM methods our wrapper may sit on, most specific first (vLLM's own override order):
     modelopt's, then the model families' own formats (``ModelFamily.vllm_quant_methods``), then fp8."""
-    from nvfp4stack.models.registry import families
+    from nvfp4stack.families.registry import families
 
     own = tuple(m for f in families() for m in f.vllm_quant_methods)
     return ("modelopt_fp4", "modelopt_mixed", "modelopt_mxfp8", "modelopt", *own, "fp8")

@@ -39,7 +39,7 @@ class SyntheticModelLoader(BaseModelLoader):
         pass  # nothing to download: the weights are drawn at load
 
     def load_weights(self, model: torch.nn.Module, model_config) -> None:
-        from nvfp4stack.models.registry import family_for_config
+        from nvfp4stack.families.registry import family_for_config
 
         cfg_path = Path(model_config.model) / "config.json"
         config = json.loads(cfg_path.read_text())

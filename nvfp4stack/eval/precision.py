@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from nvfp4stack.eval.weights import PlannedWeights
-from nvfp4stack.models.resolve import model_dir
+from nvfp4stack.families.resolve import model_dir
 from nvfp4stack.plan.memory import group_bytes
 from nvfp4stack.schemes import Scheme
 

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from nvfp4stack.arch import Arch, resolve
-from nvfp4stack.models.registry import get_family
-from nvfp4stack.models.resolve import config_json_path, header_dir, with_num_layers
+from nvfp4stack.families.registry import get_family
+from nvfp4stack.families.resolve import config_json_path, header_dir, with_num_layers
 from nvfp4stack.plan.groups import groups_from_checkpoint, load_config_json
 from nvfp4stack.plan.kv_cache import kv_cache_report
 from nvfp4stack.plan.memory import Layout

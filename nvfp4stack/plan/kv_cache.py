@@ -89,7 +89,7 @@ def kv_cache_report(hf_config: dict, engine_cfg, arch_cfg, weight_bytes_per_gpu:
     block = getattr(engine_cfg, "block_size", None)
     spec = getattr(engine_cfg, "speculative", None)
     if family is None:
-        from nvfp4stack.models.registry import family_for_config
+        from nvfp4stack.families.registry import family_for_config
 
         family = family_for_config(hf_config)
     # an MTP draft caches its own layers next to the model's

@@ -10,7 +10,7 @@ from typing import Iterable
 
 from nvfp4stack.arch import Arch
 from nvfp4stack.kernels.select import BackendError, Selection, select_backend
-from nvfp4stack.models.family import TensorGroup
+from nvfp4stack.families.family import TensorGroup
 from nvfp4stack.plan.memory import Layout, group_bytes, shard_factor
 from nvfp4stack.plan.roles import ROLES
 from nvfp4stack.plan.rules import PrecisionRule, first_match, unmatched_target
@@ -165,7 +165,7 @@ def converter_for(source: Scheme, target: Scheme, where: str) -> str | None:
 def check_hard_rules(group: TensorGroup, source: Scheme, target: Scheme, family: str) -> None:
     """The rules learned the hard way, as errors rather than comments: the generic ones here, then
     the model family's (``ModelFamily.unquantized_roles`` and ``check_hard_rules``)."""
-    from nvfp4stack.models.registry import get_family
+    from nvfp4stack.families.registry import get_family
 
     where = f"{group.name} (role {group.role})"
     if group.role == "routed_experts" and source.is_nvfp4 and target is Scheme.MXFP4:
@@ -185,7 +185,7 @@ def check_hard_rules(group: TensorGroup, source: Scheme, target: Scheme, family:
 def is_gate_or_up(name: str, family: str) -> bool:
     """True when ``name`` ends in a gate or up projection of one of ``family``'s
     ``ModelFamily.gate_up_pairs`` ('layers.3.ffn.experts.5.w1' under w1/w3)."""
-    from nvfp4stack.models.registry import get_family
+    from nvfp4stack.families.registry import get_family
 
     return name.endswith(tuple(f".{p}" for pair in get_family(family).gate_up_pairs for p in pair))
 
@@ -259,7 +259,7 @@ def build_plan(groups: Iterable[tuple[TensorGroup, Scheme]], *, model: str, fami
                num_hidden_layers: int | None = None) -> Plan:
     """Resolve every group through :func:`decide`. Raises PlanError / BackendError with the fix on a
     broken combination."""
-    from nvfp4stack.models.registry import get_family
+    from nvfp4stack.families.registry import get_family
 
     fam = get_family(family)
     rules = list(precision.rules)

@@ -1,7 +1,7 @@
 """Module roles: the generic vocabulary plus every registered family's roles, one lookup for all layouts."""
 from __future__ import annotations
 
-from nvfp4stack.models.registry import all_roles, families, get_family, role_of  # noqa: F401  (role_of: re-export)
+from nvfp4stack.families.registry import all_roles, families, get_family, role_of  # noqa: F401  (role_of: re-export)
 
 # Every role a precision rule can name. Dotted roles form a tree: a rule naming a prefix
 # ('attn') covers every role below it ('attn.<proj>').

@@ -11,7 +11,7 @@ MTP_MODES = ("copy", "nvfp4")
 
 def export_formats() -> dict[str, tuple[str, ...]]:
     """export format -> the quantize methods it supports: the families' own layouts, then hf_unified."""
-    from nvfp4stack.models.registry import families
+    from nvfp4stack.families.registry import families
 
     out = {name: methods for f in families() for name, methods in f.export_formats.items()}
     return out | {HF_UNIFIED: ("modelopt",)}

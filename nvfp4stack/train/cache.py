@@ -74,7 +74,7 @@ def finish_manifest(model, streams, cfg: TrainConfig, stats: dict, key: dict, t_
 def announce(model: str, cfg: TrainConfig, out: Path) -> None:
     """One line before a run; with the default budget, what that budget took when it was measured
     (the family's ``train_budgets``), so the wait is expected."""
-    from nvfp4stack.models.registry import train_budget
+    from nvfp4stack.families.registry import train_budget
 
     tokens = cfg.steps * cfg.batch_size * cfg.seq_len
     measured = train_budget(model)[1]

@@ -50,7 +50,7 @@ class TrainConfig:
         """This config with ``steps`` filled in from the model's default budget."""
         if self.steps is not None:
             return self
-        from nvfp4stack.models.registry import train_budget, train_budgets
+        from nvfp4stack.families.registry import train_budget, train_budgets
 
         steps = train_budget(model)[0]
         if steps is None:

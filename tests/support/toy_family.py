@@ -2,8 +2,8 @@
 (gate/up names, MTP module, MTP layer count, ...) from the family rather than knowing them."""
 from __future__ import annotations
 
-from nvfp4stack.models import registry
-from nvfp4stack.models.family import ModelFamily
+from nvfp4stack.families import registry
+from nvfp4stack.families.family import ModelFamily
 
 
 def register_toy_family(monkeypatch, name: str = "toy", **attrs) -> ModelFamily:

@@ -18,9 +18,10 @@ def resolve_sources(cfg) -> tuple[Path | None, Path]:
         base = Path(q.base or q.source).expanduser()
         return src, base
     if getattr(m, "factory", None) == "tiny_dsv4":
-        from nvfp4stack.models.resolve import FACTORIES, cache_root
+        from nvfp4stack.families.registry import factories
+        from nvfp4stack.families.resolve import cache_root
 
-        build = FACTORIES["tiny_dsv4"]
+        build = factories()["tiny_dsv4"]
         return build(cache_root(cfg.cache_dir), "bf16"), build(cache_root(cfg.cache_dir), "official")
     path = getattr(m, "path", None)
     if not path:

@@ -1,9 +1,10 @@
 """ModelFamily: everything the core may ask of one model family.
 
 A family lives in ``nvfp4stack/models/<family>/`` and exposes one ``ModelFamily`` instance as
-``FAMILY`` in its ``__init__.py``; ``nvfp4stack/models/registry.py`` lists the packages (one line
-per family) and is the only way the core reaches a family. Nothing outside ``models/`` names a
-family or one of its tensors.
+``FAMILY`` in its ``__init__.py``; ``nvfp4stack/models/__init__.py`` lists the packages (one line
+per family) and ``nvfp4stack/families/registry.py`` is the only way the core reaches a family.
+Nothing outside ``models/`` names a family or one of its tensors; ``families/`` (this contract, the
+registry, resolve) imports no plug-in and nothing that imports it back.
 
 How to write a family (spec)
 ----------------------------
@@ -19,7 +20,7 @@ Roles (what a precision key names; see ``GENERIC_ROLES`` and ``GENERIC_PATTERNS`
   ``attn_roles``         attention projections as ``attn.<proj>`` roles; each one is the precision key
                          ``precision.attn.<proj>``. Use the projection's own short name.
   ``extra_roles``        family-only matrix roles, each a precision key (dotted = nested:
-                         ``indexer.wq_b`` is ``precision.indexer.wq_b``).
+                         ``sparse.wq`` is ``precision.sparse.wq``).
   ``non_matrix_roles``   roles of stored tensors that are no GEMM weight (besides ``norms``).
   ``role_patterns``      ``(role, regex)`` tried on ``"." + tensor_or_module_name`` before the generic
                          patterns, first match wins. Cover every layout the family's names come in

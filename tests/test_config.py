@@ -2,7 +2,8 @@
 import pytest
 
 from nvfp4stack.config import ModelConfig
-from nvfp4stack.families.family import GENERIC_SOURCE_FORMATS, ModelFamily
+from nvfp4stack.families.capabilities import GENERIC_SOURCE_FORMATS
+from nvfp4stack.families.family import ModelFamily
 from nvfp4stack.families.registry import get_family
 
 

@@ -11,7 +11,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
-from nvfp4stack.families.family import GENERIC_ROLES, ModelFamily
+from nvfp4stack.families.family import ModelFamily
+from nvfp4stack.families.roles import GENERIC_ROLES
 
 # The package of the family plug-ins: ``PACKAGES`` lists them, ``DESCRIPTORS`` is the folder of the
 # weight-free config.json descriptors they share.

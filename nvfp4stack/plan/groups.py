@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Iterator
 
 from nvfp4stack.checkpoint.safetensors_io import check_inside, read_header
-from nvfp4stack.families.family import TensorGroup
+from nvfp4stack.families.contract import TensorGroup
 from nvfp4stack.plan.roles import is_mtp, non_matrix_roles, role_of
 from nvfp4stack.schemes import Scheme
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from nvfp4stack.families.family import TensorGroup
+from nvfp4stack.families.contract import TensorGroup
 from nvfp4stack.schemes import Scheme
 
 _DTYPE_BYTES = {"bf16": 2, "f32": 4, "i64": 8, "i32": 4}

@@ -10,7 +10,7 @@ from typing import Iterable
 
 from nvfp4stack.arch import Arch
 from nvfp4stack.kernels.select import BackendError, Selection, select_backend
-from nvfp4stack.families.family import TensorGroup
+from nvfp4stack.families.contract import TensorGroup
 from nvfp4stack.plan.memory import Layout, group_bytes, shard_factor
 from nvfp4stack.plan.roles import ROLES
 from nvfp4stack.plan.rules import PrecisionRule, first_match, unmatched_target

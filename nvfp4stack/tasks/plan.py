@@ -8,7 +8,7 @@ from dataclasses import replace
 from nvfp4stack.arch import resolve
 from nvfp4stack.engine.plan_section import engine_plan_from_plan
 from nvfp4stack.kernels.select import BackendError
-from nvfp4stack.families.family import TensorGroup
+from nvfp4stack.families.contract import TensorGroup
 from nvfp4stack.families.registry import get_family
 from nvfp4stack.plan.build import kv_cache_for_config, plan_for_config
 from nvfp4stack.plan.kv_cache import format_kv_report, nothing_fits

@@ -84,7 +84,7 @@ def test_deepseek_families_map_their_own_spellings():
 
 
 def test_generic_source_scheme():
-    from nvfp4stack.families.family import FamilyCapabilityError, TensorGroup
+    from nvfp4stack.families.contract import FamilyCapabilityError, TensorGroup
     from nvfp4stack.schemes import Scheme
 
     experts, attn = TensorGroup("e", (2, 2), "routed_experts"), TensorGroup("a", (2, 2), "attn.q_proj")

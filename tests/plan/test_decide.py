@@ -4,7 +4,7 @@ import pytest
 from nvfp4stack.arch import resolve
 from nvfp4stack.config import BackendConfig
 from nvfp4stack.kernels.select import BackendError
-from nvfp4stack.families.family import TensorGroup
+from nvfp4stack.families.contract import TensorGroup
 from nvfp4stack.plan.planner import PlanError, decide
 from nvfp4stack.schemes import Scheme
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from nvfp4stack.eval.weights import PlannedWeights
+from nvfp4stack.families.registry import get_family
 from nvfp4stack.families.resolve import model_dir
 from nvfp4stack.plan.memory import group_bytes
 from nvfp4stack.schemes import Scheme
@@ -96,14 +97,15 @@ def eval_precision(cfg, ckpt: Path) -> EvalPrecision:
     source_dir = source_checkpoint_dir(cfg, ckpt)
     cfg = with_checkpoint(cfg, source_dir)
     p = cfg.precision
-    _, groups = plan_groups(cfg)
+    family = get_family(cfg.model.family)
+    _, groups = plan_groups(cfg, family)
     targets, roles, sources, nbytes = {}, {}, {}, 0
     rules, role_schemes = list(p.rules), p.role_schemes()
     for g, source in groups:
         if not g.is_matrix:
             continue
         target = resolve_target(g, source, rules, role_schemes, p.mtp)
-        check_hard_rules(g, source, target, cfg.model.family)
+        check_hard_rules(g, source, target, family)
         # MTP groups keep their own row: transformers' forward has no MTP block to evaluate them in
         targets[g.name], roles[g.name], sources[g.name] = target, ("mtp" if g.mtp else g.role), source
         nbytes += group_bytes(g, target, p.fp8_scale_fmt == "ue8m0")

@@ -21,7 +21,7 @@ def stored_schemes(served_dir: str | Path) -> dict[str, Scheme]:
     from nvfp4stack.families.registry import family_for_config
 
     cfg = load_config_json(Path(served_dir) / "config.json")
-    family = family_for_config(cfg).name
+    family = family_for_config(cfg)
     return {g.name: s for g, s in groups_from_checkpoint(Path(served_dir), cfg.get("num_hidden_layers"), family)
             if g.is_matrix}
 

@@ -11,7 +11,8 @@ from nvfp4stack.bench.config import BenchConfig
 from nvfp4stack.convert.config import ConvertConfig
 from nvfp4stack.engine.config import EngineConfig
 from nvfp4stack.eval.config import EvalConfig
-from nvfp4stack.models.registry import DEFAULT_MODEL
+from nvfp4stack.families.registry import get_family, precision_keys
+from nvfp4stack.models import DEFAULT_MODEL
 from nvfp4stack.plan.rules import PrecisionRule
 from nvfp4stack.quantize.config import QuantizeConfig
 from nvfp4stack.schemes import Scheme
@@ -34,7 +35,7 @@ class ModelConfig:
     """
 
     name: str = DEFAULT_MODEL["name"]
-    family: str = DEFAULT_MODEL["family"]   # a registered model family (nvfp4stack/models/registry.py)
+    family: str = DEFAULT_MODEL["family"]   # a registered model family (nvfp4stack/families/registry.py)
     descriptor: str | None = None
     factory: str | None = DEFAULT_MODEL["factory"]
     path: str | None = None
@@ -45,8 +46,6 @@ class ModelConfig:
     num_layers: int | None = None
 
     def __post_init__(self) -> None:
-        from nvfp4stack.models.registry import get_family
-
         family = get_family(self.family)  # the error lists the registered families
         if self.source_format not in family.accepted_source_formats:
             valid = family.accepted_source_formats
@@ -135,8 +134,6 @@ class _PrecisionBase:
 def _precision_schema() -> type:
     """PrecisionConfig: the generic roles plus every registered family's precision keys, dotted keys
     as nested groups (``attn.<proj>`` -> ``precision.attn.<proj>``), each defaulting to passthrough."""
-    from nvfp4stack.models.registry import precision_keys
-
     top: list[str] = []
     nested: dict[str, list[str]] = {}
     for key in precision_keys():

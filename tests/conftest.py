@@ -32,9 +32,10 @@ def trained_default():
     `serve` (158 s on free cores, over 15 minutes when the cores are shared). Returns the model dir.
     """
     from nvfp4stack.config import RootConfig
-    from nvfp4stack.models.resolve import FACTORIES, cache_root
+    from nvfp4stack.families.registry import factories
+    from nvfp4stack.families.resolve import cache_root
 
-    return FACTORIES["tiny_v3"](cache_root(RootConfig.cache_dir), "bf16")
+    return factories()["tiny_v3"](cache_root(RootConfig.cache_dir), "bf16")
 
 
 def pytest_terminal_summary(terminalreporter):

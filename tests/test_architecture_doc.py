@@ -150,8 +150,9 @@ def _dir_of(row: dict[str, str]) -> Path:
 
 
 def test_families_and_factories_are_where_the_tables_say():
-    from nvfp4stack.models.family import ModelFamily
-    from nvfp4stack.models.registry import PACKAGES, factory_names, families
+    from nvfp4stack.families.family import ModelFamily
+    from nvfp4stack.families.registry import factory_names, families
+    from nvfp4stack.models import PACKAGES
 
     add = next(t for t in TOKEN.findall(_row(_table("To add X, touch Y"), "model family")["touch"]) if "<family>" in t)
     for pkg in PACKAGES:

@@ -2,8 +2,9 @@
 import pytest
 
 from nvfp4stack.config import ModelConfig
-from nvfp4stack.models.family import GENERIC_SOURCE_FORMATS, ModelFamily
-from nvfp4stack.models.registry import get_family
+from nvfp4stack.families.capabilities import GENERIC_SOURCE_FORMATS
+from nvfp4stack.families.family import ModelFamily
+from nvfp4stack.families.registry import get_family
 
 
 def test_generic_and_family_source_formats():

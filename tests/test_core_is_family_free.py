@@ -1,5 +1,6 @@
-"""The core reaches a model family only through nvfp4stack/models/registry.py: no DeepSeek-specific
-literal (family names, wo_a, compressor, indexer) in any module outside nvfp4stack/models/."""
+"""The core reaches a model family only through nvfp4stack/families/ (the contract and registry): no
+DeepSeek-specific literal (family names, wo_a, compressor, indexer) in any module outside
+nvfp4stack/models/, families/ included."""
 from __future__ import annotations
 
 import re
@@ -24,7 +25,8 @@ def test_no_family_literal_outside_models():
 
 def test_scan_sees_the_core_and_the_pattern_bites():
     files = {p.relative_to(PACKAGE).as_posix() for p in _core_files()}
-    assert {"config.py", "plan/planner.py", "tasks/serve.py", "doctor/__init__.py"} <= files
+    assert {"config.py", "plan/planner.py", "tasks/serve.py", "doctor/__init__.py",
+            "families/family.py", "families/registry.py", "families/resolve.py"} <= files
     assert not any(f.startswith("models/") for f in files)
     for text in ("model.family == 'deepseek_v4'", "attn.wo_a", "x.compressor.wkv", "indexer.wq_b", "tiny_dsv4"):
         assert LITERAL.search(text), text

@@ -8,7 +8,6 @@ or both refuse with the same error.
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -127,7 +126,7 @@ def test_plan_refusal_is_checked_against_the_ruled_experts(tmp_path):
 
 def _eval_view(*overrides):
     from nvfp4stack.eval.precision import eval_precision
-    from nvfp4stack.models.resolve import header_dir
+    from nvfp4stack.families.resolve import header_dir
     from nvfp4stack.plan.build import plan_for_config
 
     cfg = compose_config("recipe=tiny_dsv4", *overrides, "run_dir=/tmp/unused")

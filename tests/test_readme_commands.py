@@ -122,7 +122,7 @@ def _uses_trained_default(argv: list[str]) -> bool:
     """The command's model is the trained default (``tiny_v3``, trained on first use); a README
     ``PATH`` is the `quantize` output of the command's own recipe, so it counts too."""
     from nvfp4stack.cli import compose_config
-    from nvfp4stack.models.registry import DEFAULT_MODEL
+    from nvfp4stack.models import DEFAULT_MODEL
 
     given = dict(a.partition("=")[::2] for a in argv[2:] if "=" in a and not a.startswith("-"))
     factory = given.get("model.factory") or compose_config(f"recipe={given.get('recipe', 'tiny_cpu')}",

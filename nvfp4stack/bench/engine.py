@@ -99,7 +99,7 @@ def check_settings(names: list[str]) -> list[Setting]:
 
 def servable(cfg, settings: list[Setting], ckpts: dict[str, Path]) -> list[Setting]:
     """The settings vLLM would serve this model with: one line for each that it would refuse."""
-    from nvfp4stack.models.resolve import config_json_path
+    from nvfp4stack.families.resolve import config_json_path
     from nvfp4stack.plan.groups import load_config_json
 
     out = []
@@ -121,7 +121,7 @@ def servable(cfg, settings: list[Setting], ckpts: dict[str, Path]) -> list[Setti
 def synthetic_checkpoints(cfg, experts: set[str]) -> dict[str, Path]:
     """The synthetic benchmark model, one directory per expert format, built once under cache_dir by
     the recipe's model family (or, when it has none, the first family that builds one)."""
-    from nvfp4stack.models.registry import families, get_family
+    from nvfp4stack.families.registry import families, get_family
 
     b = cfg.bench
     root = Path(cfg.cache_dir).expanduser() / "engine_bench"

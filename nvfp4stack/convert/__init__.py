@@ -12,12 +12,11 @@ from nvfp4stack.convert import (  # noqa: F401  (imported for registration)
     w13_shared_global_scale,
 )
 from nvfp4stack.convert.base import CONVERTERS, Converter
+from nvfp4stack.families.registry import families
 
 
 def _register_family_converters() -> None:
     import importlib
-
-    from nvfp4stack.models.registry import families
 
     for fam in families():
         for module in fam.converter_modules:

@@ -15,7 +15,6 @@ would reject after conversion is refused with nothing written.
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import shutil
 from pathlib import Path

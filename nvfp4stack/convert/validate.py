@@ -18,6 +18,7 @@ from nvfp4stack.checkpoint.safetensors_io import TensorInfo, check_inside
 from nvfp4stack.doctor.files import by_group, read_checkpoint, sniff
 from nvfp4stack.doctor.plan import stored_format
 from nvfp4stack.doctor.report import DoctorReport, Finding
+from nvfp4stack.families.registry import family_for_config
 from nvfp4stack.schemes import Scheme
 
 KEEP, REFUSE = "keep", "refuse"
@@ -73,8 +74,6 @@ def _source_config(src: Path, report: DoctorReport) -> dict | None:
 
 
 def _family(cfg: dict | None):
-    from nvfp4stack.models.registry import family_for_config
-
     try:
         return family_for_config(cfg) if cfg else None
     except ValueError:

@@ -14,6 +14,7 @@ import torch
 
 from nvfp4stack.convert.base import CONVERTERS, Converter
 from nvfp4stack.convert.groups import input_scale_of, nvfp4_from_group, nvfp4_to_group
+from nvfp4stack.families.registry import gate_up_pairs
 from nvfp4stack.formats.e2m1 import e2m1_decode, e2m1_encode, pack_e2m1, unpack_e2m1
 from nvfp4stack.formats.nvfp4 import (BLOCK, E4M3_MAX, SCALE_MIN, Nvfp4Tensor, nvfp4_global_scale,
                                       quantize_nvfp4)
@@ -24,8 +25,6 @@ def gate_up_parts(tensors: dict, name: str, pairs: tuple[tuple[str, str], ...] |
     """The (gate, up) sub-module names among ``tensors``' keys ('w1.weight', 'gate_proj.weight_scale', ...);
     ``pairs``: the candidate (gate, up) names (default: every registered family's ``gate_up_pairs``)."""
     if pairs is None:
-        from nvfp4stack.models.registry import gate_up_pairs
-
         pairs = gate_up_pairs()
     heads = {k.split(".", 1)[0] for k in tensors}
     found = [pair for pair in pairs if heads & set(pair)]

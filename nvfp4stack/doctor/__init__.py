@@ -13,6 +13,8 @@ from pathlib import Path
 from nvfp4stack.doctor.files import read_checkpoint
 from nvfp4stack.doctor.report import DoctorReport, Finding  # noqa: F401  (re-export)
 from nvfp4stack.doctor.stats import check_values
+from nvfp4stack.families.family import ModelFamily
+from nvfp4stack.families.registry import family_for_config
 
 
 def _config(ckpt: Path, report: DoctorReport) -> dict | None:
@@ -30,8 +32,6 @@ def _config(ckpt: Path, report: DoctorReport) -> dict | None:
 
 def _family(cfg: dict | None):
     """The registered family config.json names, or None (then only the generic checks run)."""
-    from nvfp4stack.models.registry import family_for_config
-
     if not cfg:
         return None
     try:
@@ -71,8 +71,6 @@ def diagnose(checkpoint: str | Path, *, values: bool = True, vllm: str = "auto",
 
 def _no_load_check(family, loadable: bool, mode: str, report: DoctorReport) -> str:
     """Why vLLM's load check cannot run here ('' when it can; the family may still skip it)."""
-    from nvfp4stack.models.family import ModelFamily
-
     if mode == "off":
         return "turned off (vllm='off')"
     if family is None:

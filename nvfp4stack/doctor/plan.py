@@ -19,6 +19,7 @@ from fnmatch import fnmatch
 from pathlib import Path
 
 from nvfp4stack.doctor.report import DoctorReport
+from nvfp4stack.families.registry import get_family
 from nvfp4stack.schemes import Scheme
 
 # The router gate, the embedding and the head are built unquantized (or listed by modelopt anyway),
@@ -28,8 +29,6 @@ UNCHECKED_ROLES = ("gate", "embed", "head")
 
 def checked_roles(family: str) -> frozenset[str]:
     """Roles whose modules vLLM builds with the checkpoint's quant config, for ``family``."""
-    from nvfp4stack.models.registry import get_family
-
     fam = get_family(family)
     return frozenset({*fam.precision_roles, "mtp.proj"}) - {*UNCHECKED_ROLES, *fam.unquantized_roles}
 # modelopt quant_algo -> the stored scheme it makes vLLM expect.

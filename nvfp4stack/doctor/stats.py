@@ -18,6 +18,7 @@ import torch
 from nvfp4stack.doctor.files import by_group, sniff
 from nvfp4stack.doctor.report import DoctorReport
 from nvfp4stack.checkpoint.safetensors_io import TensorInfo
+from nvfp4stack.families.registry import gate_up_pairs as registered
 from nvfp4stack.schemes import Scheme
 
 E4M3_448 = 0x7E           # the largest finite e4m3 byte (448)
@@ -204,8 +205,6 @@ def check_gate_up_scales(s2: dict[str, float], report: DoctorReport,
     """Warn where a gate projection's weight_scale_2 differs from its up projection's; ``s2``: group
     name -> its scalar weight_scale_2."""
     if gate_up_pairs is None:
-        from nvfp4stack.models.registry import gate_up_pairs as registered
-
         gate_up_pairs = registered()
     for g, v1 in sorted(s2.items()):
         parent, _, last = g.rpartition(".")

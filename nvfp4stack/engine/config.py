@@ -6,14 +6,14 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from nvfp4stack.families.registry import families
+
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_ds_mla")
 SPEC_METHODS = ("mtp",)
 TOKENIZER_MODES = ("auto", "hf", "slow", "mistral", "custom")   # plus the model families' own
 
 
 def tokenizer_modes() -> tuple[str, ...]:
-    from nvfp4stack.models.registry import families
-
     return (*TOKENIZER_MODES, *(m for f in families() for m in f.vllm_tokenizer_modes))
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

@@ -10,10 +10,13 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import nvfp4stack.kernels.linear  # noqa: F401  (registers the linear backends; light imports)
 import nvfp4stack.kernels.moe  # noqa: F401  (registers the MoE backends; light imports)
+from nvfp4stack.families.registry import get_family
+from nvfp4stack.families.roles import SupportsRoles
 from nvfp4stack.kernels.base import LINEAR_BACKENDS, MOE_BACKENDS
 from nvfp4stack.plan.planner import PlanError, fp8_prefill_kernels
 from nvfp4stack.plan.roles import role_of
@@ -70,9 +73,14 @@ class EnginePlan:
             raise ValueError(f"{SECTION_KEY}.mtp: roles given without first_layer (the main model's "
                              "num_hidden_layers); regenerate the engine args from the recipe")
 
+    @cached_property
+    def model_family(self) -> SupportsRoles | None:
+        """The family ``family`` names, looked up once (None: any family's names)."""
+        return get_family(self.family, f"{SECTION_KEY}.family") if self.family else None
+
     def entry_for(self, prefix: str) -> dict | None:
         """The plan entry of a vLLM module prefix (e.g. ``model.layers.1.mlp.experts``), or None."""
-        role = role_of(prefix, self.family)
+        role = role_of(prefix, self.model_family)
         if role is None:
             return None
         idx = layer_index(prefix)

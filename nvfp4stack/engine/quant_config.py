@@ -15,6 +15,7 @@ from vllm.model_executor.layers.quantization import get_quantization_config
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 
 from nvfp4stack.engine.plan_section import QUANT_METHOD, SECTION_KEY, EnginePlan
+from nvfp4stack.families.registry import families
 from nvfp4stack.schemes import Scheme
 
 log = logging.getLogger("vllm.nvfp4stack")  # under vLLM's logger: its handlers, in the server log
@@ -30,8 +31,6 @@ def _built(prefix: str, method):
 def base_methods() -> tuple[str, ...]:
     """Built-in vLLM methods our wrapper may sit on, most specific first (vLLM's own override order):
     modelopt's, then the model families' own formats (``ModelFamily.vllm_quant_methods``), then fp8."""
-    from nvfp4stack.models.registry import families
-
     own = tuple(m for f in families() for m in f.vllm_quant_methods)
     return ("modelopt_fp4", "modelopt_mixed", "modelopt_mxfp8", "modelopt", *own, "fp8")
 

@@ -21,6 +21,8 @@ from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 
 from nvfp4stack.engine.args import SYNTHETIC as LOAD_FORMAT
 from nvfp4stack.engine.compat import check_all_weights_loaded
+from nvfp4stack.families.registry import family_for_config
+
 EXTRA_KEYS = ("seed",)
 log = logging.getLogger("vllm.nvfp4stack")
 
@@ -39,8 +41,6 @@ class SyntheticModelLoader(BaseModelLoader):
         pass  # nothing to download: the weights are drawn at load
 
     def load_weights(self, model: torch.nn.Module, model_config) -> None:
-        from nvfp4stack.models.registry import family_for_config
-
         cfg_path = Path(model_config.model) / "config.json"
         config = json.loads(cfg_path.read_text())
         family = family_for_config(config, where=str(cfg_path))

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from nvfp4stack.eval.weights import PlannedWeights
-from nvfp4stack.models.resolve import model_dir
+from nvfp4stack.families.registry import get_family
+from nvfp4stack.families.resolve import model_dir
 from nvfp4stack.plan.memory import group_bytes
 from nvfp4stack.schemes import Scheme
 
@@ -95,8 +96,9 @@ def eval_precision(cfg, ckpt: Path) -> EvalPrecision:
 
     source_dir = source_checkpoint_dir(cfg, ckpt)
     cfg = with_checkpoint(cfg, source_dir)
-    groups = plan_groups(cfg)
-    decided = stored_schemes(groups[1], cfg.precision, cfg.model.family)  # hard-rule refusals raise here
+    family = get_family(cfg.model.family)
+    groups = plan_groups(cfg, family)
+    decided = stored_schemes(groups[1], cfg.precision, family)  # hard-rule refusals raise here
     ue8m0 = cfg.precision.fp8_scale_fmt == "ue8m0"
     targets, roles, sources = {}, {}, {}
     for g, source, target in decided:

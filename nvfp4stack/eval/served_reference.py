@@ -12,24 +12,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from nvfp4stack.families.registry import family_for_config
 from nvfp4stack.plan.groups import groups_from_checkpoint, load_config_json
 from nvfp4stack.schemes import Scheme
 
 
 def stored_schemes(served_dir: str | Path) -> dict[str, Scheme]:
     """group -> the format the checkpoint stores it in (matrices only)."""
-    from nvfp4stack.models.registry import family_for_config
-
     cfg = load_config_json(Path(served_dir) / "config.json")
-    family = family_for_config(cfg).name
+    family = family_for_config(cfg)
     return {g.name: s for g, s in groups_from_checkpoint(Path(served_dir), cfg.get("num_hidden_layers"), family)
             if g.is_matrix}
 
 
 def reference_for(bf16_dir: str | Path, served_dir: str | Path):
     """The fp32 reference of ``served_dir`` for a logprob comparison, by the model family."""
-    from nvfp4stack.models.registry import family_for_config
-
     cfg_path = Path(bf16_dir) / "config.json"
     return family_for_config(load_config_json(cfg_path), str(cfg_path)).served_reference(
         Path(bf16_dir), Path(served_dir))

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 from nvfp4stack.arch import Arch, resolve
-from nvfp4stack.models.registry import get_family
-from nvfp4stack.models.resolve import config_json_path, header_dir, with_num_layers
+from nvfp4stack.families.family import ModelFamily
+from nvfp4stack.families.registry import get_family
+from nvfp4stack.families.resolve import config_json_path, header_dir, with_num_layers
 from nvfp4stack.plan.groups import groups_from_checkpoint, load_config_json
 from nvfp4stack.plan.kv_cache import kv_cache_report
 from nvfp4stack.plan.memory import Layout
@@ -14,15 +15,16 @@ def layout_of(engine) -> Layout:
     return Layout(tp=int(getattr(engine, "tp", 1)), dp=int(getattr(engine, "dp", 1)), ep=bool(getattr(engine, "ep", False)))
 
 
-def plan_groups(cfg):
+def plan_groups(cfg, family: ModelFamily | None = None):
     """(group, stored scheme) pairs: from the checkpoint's headers when there are weights (a trained
     factory's random twin: the same headers), else from config.json alone through the model family's
-    spec (``ModelFamily.tensor_groups``, for weight-free descriptors)."""
+    spec (``ModelFamily.tensor_groups``, for weight-free descriptors). ``family``: ``cfg.model.family``'s
+    ModelFamily when the caller has it already."""
     hf = with_num_layers(load_config_json(config_json_path(cfg.model, cfg.cache_dir)), cfg.model.num_layers)
-    family = get_family(cfg.model.family)
+    family = family or get_family(cfg.model.family)
     ckpt = header_dir(cfg.model, cfg.cache_dir) if (cfg.model.path or cfg.model.factory) else None
     if ckpt is not None and any(ckpt.glob("*.safetensors")):
-        return hf, list(groups_from_checkpoint(ckpt, hf.get("num_hidden_layers"), family.name))
+        return hf, list(groups_from_checkpoint(ckpt, hf.get("num_hidden_layers"), family))
     spec = family.tensor_groups(hf)
     if spec is None:
         raise FileNotFoundError(f"model {cfg.model.name}: no weights to plan from, and model family {family.name} "
@@ -32,11 +34,13 @@ def plan_groups(cfg):
 
 def plan_for_config(cfg, arch: Arch | None = None, backend=None, groups=None) -> Plan:
     """The recipe's plan: every command that decides precision or kernels (plan, convert, serve,
-    eval, doctor, bench) takes it from here. ``groups``: ``plan_groups(cfg)``, when the caller has
-    read them already."""
-    hf, groups = plan_groups(cfg) if groups is None else groups
+    eval, doctor, bench) takes it from here. ``groups``: ``plan_groups(cfg, family)``, when the caller
+    has read them already. The model family is looked up here, once, and travels as an object from
+    here on."""
+    family = get_family(cfg.model.family)
+    hf, groups = plan_groups(cfg, family) if groups is None else groups
     return build_plan(
-        groups, model=cfg.model.name, family=cfg.model.family, arch=arch or resolve(cfg.arch.name),
+        groups, model=cfg.model.name, family=family, arch=arch or resolve(cfg.arch.name),
         source_format=cfg.model.source_format, precision=cfg.precision, backend=backend or cfg.backend,
         layout=layout_of(cfg.engine), fp8_ue8m0=cfg.precision.fp8_scale_fmt == "ue8m0",
         num_hidden_layers=hf.get("num_hidden_layers"),

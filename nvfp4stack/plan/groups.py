@@ -6,8 +6,9 @@ from pathlib import Path
 from typing import Iterator
 
 from nvfp4stack.checkpoint.safetensors_io import check_inside, read_header
+from nvfp4stack.families.contract import TensorGroup
+from nvfp4stack.families.roles import SupportsRoles
 from nvfp4stack.formats.codec import Entry, group_suffixes
-from nvfp4stack.models.family import TensorGroup
 from nvfp4stack.plan.roles import is_mtp, non_matrix_roles, role_of
 from nvfp4stack.schemes import Scheme
 
@@ -42,7 +43,7 @@ def sniff_scheme(suffixes: dict[str, dict]) -> Scheme:
 
 
 def groups_from_checkpoint(ckpt: Path, num_hidden_layers: int | None,
-                           family: str | None = None) -> Iterator[tuple[TensorGroup, Scheme]]:
+                           family: SupportsRoles | None = None) -> Iterator[tuple[TensorGroup, Scheme]]:
     """Tensor groups of a real checkpoint, with the format each is stored in; roles by ``family``'s
     names (None: by the first family that knows a name)."""
     non_matrix = non_matrix_roles(family)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from nvfp4stack.families.registry import family_for_config
 from nvfp4stack.plan.kv_pool import PackedPool, decode_blocks, in_flight_tokens, packed_pool, pool_capacity
 
 DEFAULT_GPU_UTIL = 0.92           # vLLM CacheConfig.gpu_memory_utilization default
@@ -89,8 +90,6 @@ def kv_cache_report(hf_config: dict, engine_cfg, arch_cfg, weight_bytes_per_gpu:
     block = getattr(engine_cfg, "block_size", None)
     spec = getattr(engine_cfg, "speculative", None)
     if family is None:
-        from nvfp4stack.models.registry import family_for_config
-
         family = family_for_config(hf_config)
     # an MTP draft caches its own layers next to the model's
     mtp_layers = family.mtp_layers(hf_config) if getattr(spec, "method", None) == "mtp" else 0

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nvfp4stack.models.family import TensorGroup
+from nvfp4stack.families.contract import TensorGroup
 from nvfp4stack.schemes import Scheme
 
 

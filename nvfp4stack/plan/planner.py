@@ -11,7 +11,9 @@ from typing import Iterable
 from nvfp4stack.arch import Arch
 from nvfp4stack.kernels.base import backends_with
 from nvfp4stack.kernels.select import BackendError, Selection, select_backend
-from nvfp4stack.models.family import TensorGroup
+from nvfp4stack.families.contract import TensorGroup
+from nvfp4stack.families.family import ModelFamily
+from nvfp4stack.families.roles import SupportsRoles
 from nvfp4stack.plan.memory import Layout, group_bytes, shard_factor
 from nvfp4stack.plan.roles import ROLES
 from nvfp4stack.plan.rules import PrecisionRule, first_match, unmatched_target
@@ -155,32 +157,27 @@ def converter_for(source: Scheme, target: Scheme, where: str) -> str | None:
     )
 
 
-def check_hard_rules(group: TensorGroup, source: Scheme, target: Scheme, family: str) -> None:
+def check_hard_rules(group: TensorGroup, source: Scheme, target: Scheme, family: ModelFamily) -> None:
     """The rules learned the hard way, as errors rather than comments: the generic ones here, then
     the model family's (``ModelFamily.unquantized_roles`` and ``check_hard_rules``)."""
-    from nvfp4stack.models.registry import get_family
-
     where = f"{group.name} (role {group.role})"
     if group.role == "routed_experts" and source.is_nvfp4 and target is Scheme.MXFP4:
         raise PlanError(
             f"{where}: routed experts stored as NVFP4 are never turned into MXFP4 (UE4M3/16 -> UE8M0/32 "
             "loses 3 mantissa bits per scale; it garbled the MegaMoE output). Fix: precision.routed_experts=nvfp4"
         )
-    fam = get_family(family)
-    if group.role in fam.unquantized_roles and group.is_matrix and target is not Scheme.BF16:
+    if group.role in family.unquantized_roles and group.is_matrix and target is not Scheme.BF16:
         raise PlanError(
             f"{where}: vLLM builds the {group.role} weights with quant_config=None, so they must be bf16, "
             f"found {target.value}. Fix: precision.{group.role}=bf16 (or passthrough from a bf16 source)"
         )
-    fam.check_hard_rules(group, source, target)
+    family.check_hard_rules(group, source, target)
 
 
-def is_gate_or_up(name: str, family: str) -> bool:
+def is_gate_or_up(name: str, family: SupportsRoles) -> bool:
     """True when ``name`` ends in a gate or up projection of one of ``family``'s
     ``ModelFamily.gate_up_pairs`` ('layers.3.ffn.experts.5.w1' under w1/w3)."""
-    from nvfp4stack.models.registry import get_family
-
-    return name.endswith(tuple(f".{p}" for pair in get_family(family).gate_up_pairs for p in pair))
+    return name.endswith(tuple(f".{p}" for pair in family.gate_up_pairs for p in pair))
 
 
 def fp8_prefill_kernels() -> list[str]:
@@ -206,7 +203,7 @@ def fp8_prefill_bytes(group: TensorGroup) -> int:
     return group.numel + 4 * rows * (math.prod(lead) if lead else 1)
 
 
-def stored_scheme(group: TensorGroup, source: Scheme, requested: Scheme, family: str) -> Scheme:
+def stored_scheme(group: TensorGroup, source: Scheme, requested: Scheme, family: ModelFamily) -> Scheme:
     """The stored half of :func:`decide`: the requested scheme (the source's for PASSTHROUGH), hard
     rules enforced. Kernel choice never changes it."""
     stored = source if requested is Scheme.PASSTHROUGH else requested
@@ -215,7 +212,7 @@ def stored_scheme(group: TensorGroup, source: Scheme, requested: Scheme, family:
 
 
 def stored_schemes(groups: Iterable[tuple[TensorGroup, Scheme]], precision,
-                   family: str) -> list[tuple[TensorGroup, Scheme, Scheme]]:
+                   family: ModelFamily) -> list[tuple[TensorGroup, Scheme, Scheme]]:
     """(group, source, stored) for every group, as :func:`build_plan` decides them but choosing no
     kernel: what stays decided where a kernel is refused (``eval`` emulates it all the same)."""
     rules, role_schemes = list(precision.rules), precision.role_schemes()
@@ -234,7 +231,7 @@ class Decision:
     fp8_copy: bool = False   # routed experts carry the FP8 prefill copy (backend.moe_fp8_prefill)
 
 
-def decide(group: TensorGroup, source: Scheme, requested: Scheme, *, family: str, arch: Arch, backend,
+def decide(group: TensorGroup, source: Scheme, requested: Scheme, *, family: ModelFamily, arch: Arch, backend,
            selections: dict[tuple[str, Scheme], Selection] | None = None) -> Decision:
     """The one decision: (source format, requested scheme, arch, backend) -> stored scheme,
     served scheme, kernel and converter, hard rules enforced. The planner calls it for every
@@ -266,14 +263,11 @@ def decide(group: TensorGroup, source: Scheme, requested: Scheme, *, family: str
     return Decision(stored, sel.served_scheme, sel.backend, converter, cfg_key == "moe" and backend.moe_fp8_prefill)
 
 
-def build_plan(groups: Iterable[tuple[TensorGroup, Scheme]], *, model: str, family: str, arch: Arch,
+def build_plan(groups: Iterable[tuple[TensorGroup, Scheme]], *, model: str, family: ModelFamily, arch: Arch,
                source_format: str, precision, backend, layout: Layout, fp8_ue8m0: bool = True,
                num_hidden_layers: int | None = None) -> Plan:
     """Resolve every group through :func:`decide`. Raises PlanError / BackendError with the fix on a
     broken combination."""
-    from nvfp4stack.models.registry import get_family
-
-    fam = get_family(family)
     rules = list(precision.rules)
     role_schemes = precision.role_schemes()
     selections: dict[tuple[str, Scheme], Selection] = {}
@@ -287,15 +281,15 @@ def build_plan(groups: Iterable[tuple[TensorGroup, Scheme]], *, model: str, fami
         nbytes = group_bytes(group, d.stored, fp8_ue8m0)
         gpu_bytes = nbytes + (fp8_prefill_bytes(group) if d.fp8_copy else 0)
         out.append(GroupPlan(group.name, group.role, group.mtp, source, d.stored, d.served, d.converter, d.kernel,
-                             group.numel, nbytes, gpu_bytes / shard_factor(group, layout, fam.tp_sharded_roles),
+                             group.numel, nbytes, gpu_bytes / shard_factor(group, layout, family.tp_sharded_roles),
                              group.dtype))
-    plan = Plan(model, family, arch.name, source_format, layout, out,
+    plan = Plan(model, family.name, arch.name, source_format, layout, out,
                 selections={f"{k}:{s.value}": asdict(v) | {"served_scheme": v.served_scheme.value}
                             for (k, s), v in selections.items()},
                 num_hidden_layers=num_hidden_layers)
-    for key, value in precision.foreign_keys(fam).items():
-        msg = (f"precision.{key}={value}: model family {family} has no role {key!r}, so it selects nothing "
-               f"(its roles: {', '.join(fam.precision_roles)})")
+    for key, value in precision.foreign_keys(family).items():
+        msg = (f"precision.{key}={value}: model family {family.name} has no role {key!r}, so it selects nothing "
+               f"(its roles: {', '.join(family.precision_roles)})")
         plan.warnings.append(msg)
         warnings.warn(msg, ConfigWarning, stacklevel=2)
     for i, rule in enumerate(rules):

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from nvfp4stack.families.registry import families
+
 METHODS = ("modelopt", "cast")
 # modelopt's generic export_hf_checkpoint of the calibrated model: every family, method=modelopt only.
 HF_UNIFIED = "hf_unified"
@@ -11,8 +13,6 @@ MTP_MODES = ("copy", "nvfp4")
 
 def export_formats() -> dict[str, tuple[str, ...]]:
     """export format -> the quantize methods it supports: the families' own layouts, then hf_unified."""
-    from nvfp4stack.models.registry import families
-
     out = {name: methods for f in families() for name, methods in f.export_formats.items()}
     return out | {HF_UNIFIED: ("modelopt",)}
 

@@ -9,6 +9,8 @@ from pathlib import Path
 import torch
 
 from nvfp4stack.checkpoint.safetensors_io import ShardedReader
+from nvfp4stack.families.registry import get_family
+from nvfp4stack.families.roles import SupportsRoles
 from nvfp4stack.formats.codec import Entry, detect, group_suffixes
 from nvfp4stack.io_atomic import atomic_write_text
 from nvfp4stack.plan.roles import is_mtp, role_of
@@ -38,14 +40,14 @@ def dequantize_group(reader: ShardedReader, weight_name: str) -> torch.Tensor:
     return codec.dequantize({suf: reader.get(f"{base}.{suf}") for suf in entries if suf in codec.suffixes}, base)
 
 
-def _group_key(name: str, family: str | None = None, num_hidden_layers: int | None = None) -> str:
+def _group_key(name: str, family: SupportsRoles | None = None, num_hidden_layers: int | None = None) -> str:
     """The report group of one tensor: its role, under ``mtp.`` for the multi-token-prediction block
     (``plan.roles.is_mtp``: the family's MTP module, or decoder layers past ``num_hidden_layers``)."""
     role = role_of(name, family) or "other"
     return f"mtp.{role}" if is_mtp(name, num_hidden_layers, family) and not role.startswith("mtp.") else role
 
 
-def weight_errors(out: ShardedReader, reference: ShardedReader, family: str | None = None,
+def weight_errors(out: ShardedReader, reference: ShardedReader, family: SupportsRoles | None = None,
                   num_hidden_layers: int | None = None) -> dict[str, dict]:
     """Per role group (``family``'s role names; MTP tensors apart, see ``_group_key``): aggregate
     relative Frobenius error, worst tensor, formats seen."""
@@ -74,7 +76,7 @@ def weight_errors(out: ShardedReader, reference: ShardedReader, family: str | No
             for k, v in sorted(acc.items())}
 
 
-def bytes_by_group(reader: ShardedReader, family: str | None = None,
+def bytes_by_group(reader: ShardedReader, family: SupportsRoles | None = None,
                    num_hidden_layers: int | None = None) -> dict[str, int]:
     out: dict[str, int] = defaultdict(int)
     for name, info in reader.infos.items():
@@ -96,6 +98,7 @@ def write_report(run_dir: str | Path, *, method: str, out_dir: str | Path, befor
     """Build the report, write quantize_report.json and .md into ``run_dir``; return it. ``family``:
     the model family whose role names group the tensors (None: any family's); the MTP layers are told
     apart with the output's config.json ``num_hidden_layers``."""
+    family = get_family(family, "quantize report family") if family else None
     out, before = ShardedReader(out_dir), ShardedReader(before_dir)
     reference = ShardedReader(reference_dir) if reference_dir else None
     layers = _num_hidden_layers(Path(out_dir))

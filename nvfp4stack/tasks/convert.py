@@ -77,7 +77,7 @@ def planned_config(cfg, plan, src: Path) -> dict | None:
     """config.json for the converted checkpoint: the model family's fix-ups for what the plan
     converts to (None: the source's config.json is copied as it is)."""
     from nvfp4stack.checkpoint.safetensors_io import check_inside
-    from nvfp4stack.models.registry import get_family
+    from nvfp4stack.families.registry import get_family
 
     if not (src / "config.json").exists():
         return None
@@ -111,7 +111,7 @@ def run(cfg) -> int:
         key, value = ("convert.src", c.src) if c.src else ("model.path", cfg.model.path)
         src = checkpoint_dir(key, value, needs_config=False)
     else:  # a factory model: built on first use
-        from nvfp4stack.models.resolve import model_dir
+        from nvfp4stack.families.resolve import model_dir
 
         src = model_dir(cfg.model, cfg.cache_dir) or Path("")
     if not str(src) or not src.is_dir():

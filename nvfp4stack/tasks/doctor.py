@@ -13,7 +13,7 @@ from pathlib import Path
 def _target(cfg) -> Path:
     if cfg.checkpoint:
         return Path(cfg.checkpoint).expanduser()
-    from nvfp4stack.models.resolve import model_dir
+    from nvfp4stack.families.resolve import model_dir
 
     d = model_dir(cfg.model, cfg.cache_dir)
     if d is None:

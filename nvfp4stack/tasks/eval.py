@@ -23,7 +23,7 @@ def _with_level(cfg):
     """``cfg`` with eval.level=auto resolved to the model family's first fidelity level."""
     if cfg.eval.level != "auto":
         return cfg
-    from nvfp4stack.models.registry import get_family
+    from nvfp4stack.families.registry import get_family
 
     family = get_family(cfg.model.family)
     if not family.eval_levels:
@@ -37,7 +37,7 @@ def _with_level(cfg):
 
 def _fidelity(cfg, seed: int) -> dict:
     """The model family's fidelity harness for ``eval.level`` (its reference forward)."""
-    from nvfp4stack.models.registry import get_family
+    from nvfp4stack.families.registry import get_family
 
     family = get_family(cfg.model.family)
     if cfg.eval.level not in family.eval_levels:

@@ -106,7 +106,7 @@ def resolve_checkpoint(cfg, plan: EnginePlan, *, build: bool = True) -> Path:
         return synthetic_model_dir(cfg.model, cfg.cache_dir)
     if cfg.model.path:
         return Path(cfg.model.path).expanduser()
-    from nvfp4stack.models.registry import get_factory, servable_factories
+    from nvfp4stack.families.registry import get_factory, servable_factories
 
     if cfg.model.factory:
         ckpt = get_factory(cfg.model.factory)[0].serve_checkpoint(cfg, plan, build=build)

@@ -14,8 +14,8 @@ from pathlib import Path
 def trained_dir(cfg) -> tuple[Path, bool]:
     """Train (or find in the cache) the model of ``cfg.model.factory``: (the dir with its manifest,
     whether this call trained it)."""
-    from nvfp4stack.models.registry import families, get_factory
-    from nvfp4stack.models.resolve import cache_root
+    from nvfp4stack.families.registry import families, get_factory
+    from nvfp4stack.families.resolve import cache_root
 
     factory = cfg.model.factory
     trainable = [n for f in families() for n in f.trainable]

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from nvfp4stack.families.registry import train_budget
 from nvfp4stack.train.config import TrainConfig
 from nvfp4stack.train.data import DATA_VERSION, corpus_digest, heldout_batches
 from nvfp4stack.train.loop import heldout_loss
@@ -74,8 +75,6 @@ def finish_manifest(model, streams, cfg: TrainConfig, stats: dict, key: dict, t_
 def announce(model: str, cfg: TrainConfig, out: Path) -> None:
     """One line before a run; with the default budget, what that budget took when it was measured
     (the family's ``train_budgets``), so the wait is expected."""
-    from nvfp4stack.models.registry import train_budget
-
     tokens = cfg.steps * cfg.batch_size * cfg.seq_len
     measured = train_budget(model)[1]
     took = f"; the default budget took {measured}" if measured and cfg == TrainConfig().resolved(model) else ""

@@ -4,6 +4,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from nvfp4stack.families.registry import train_budget, train_budgets
+
 DTYPES = ("float32", "bfloat16")
 
 
@@ -50,8 +52,6 @@ class TrainConfig:
         """This config with ``steps`` filled in from the model's default budget."""
         if self.steps is not None:
             return self
-        from nvfp4stack.models.registry import train_budget, train_budgets
-
         steps = train_budget(model)[0]
         if steps is None:
             raise ValueError(f"train.steps is null and model {model!r} has no default budget (known: "

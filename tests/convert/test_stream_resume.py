@@ -10,7 +10,7 @@ import pytest
 
 from nvfp4stack.cli import EXIT_USAGE, run_task
 from nvfp4stack.convert import finalize, shard_writer
-from nvfp4stack.convert.stream import MANIFEST, convert_checkpoint
+from nvfp4stack.convert.stream import convert_checkpoint
 from tests.convert.test_stream import make_checkpoint, tree_bytes
 
 RULES = {"*.ffn.experts.*.w2": "bf16_to_nvfp4", "*.attn.w*": "bf16_to_fp8_block", "*": "passthrough"}

@@ -24,7 +24,8 @@ from nvfp4stack.schemes import Scheme
 def served(tmp_path_factory):
     """(bf16 dir, cast checkpoint dir) of the tiny DeepSeek-V4."""
     from nvfp4stack.cli import compose_config
-    from nvfp4stack.models.resolve import FACTORIES, cache_root
+    from nvfp4stack.families.registry import factories
+    from nvfp4stack.families.resolve import cache_root
     from nvfp4stack.tasks import quantize as task
 
     pytest.importorskip("transformers.models.deepseek_v4")
@@ -32,7 +33,7 @@ def served(tmp_path_factory):
     cfg = compose_config("recipe=tiny_dsv4", "quantize.method=cast", "command=quantize",
                          "precision.routed_experts=nvfp4_w4a16", f"run_dir={run}")
     assert task.run(cfg) == 0
-    return FACTORIES["tiny_dsv4"](cache_root(cfg.cache_dir), "bf16"), run / "quantized"
+    return factories()["tiny_dsv4"](cache_root(cfg.cache_dir), "bf16"), run / "quantized"
 
 
 def _weight(model, native: str) -> torch.Tensor:

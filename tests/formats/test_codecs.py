@@ -14,7 +14,7 @@ from nvfp4stack.formats.codec import CODECS, Entry, detect, group_suffixes, load
 from nvfp4stack.formats.fp8_block import dequantize_fp8_block, quantize_fp8_block
 from nvfp4stack.formats.mxfp4 import dequantize_mxfp4, quantize_mxfp4
 from nvfp4stack.formats.nvfp4 import dequantize_nvfp4, quantize_nvfp4
-from nvfp4stack.models.family import TensorGroup
+from nvfp4stack.families.contract import TensorGroup
 from nvfp4stack.plan.groups import group_name, sniff_scheme
 from nvfp4stack.plan.memory import group_bytes
 from nvfp4stack.plan.planner import PlanError, converter_for

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from nvfp4stack.models.deepseek_v4.spec import compress_ratios, dsv4_tensor_groups
-from nvfp4stack.models.resolve import DESCRIPTORS
+from nvfp4stack.models import DESCRIPTORS
 
 
 def _load(name):

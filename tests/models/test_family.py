@@ -1,9 +1,9 @@
 """ModelFamily's generic defaults and what the registered families declare instead."""
 import pytest
 
-from nvfp4stack.models import registry
-from nvfp4stack.models.family import ModelFamily
-from nvfp4stack.models.registry import get_family
+from nvfp4stack.families import registry
+from nvfp4stack.families.family import ModelFamily
+from nvfp4stack.families.registry import get_family
 from tests.support.toy_family import register_toy_family
 
 
@@ -84,7 +84,7 @@ def test_deepseek_families_map_their_own_spellings():
 
 
 def test_generic_source_scheme():
-    from nvfp4stack.models.family import FamilyCapabilityError, TensorGroup
+    from nvfp4stack.families.contract import FamilyCapabilityError, TensorGroup
     from nvfp4stack.schemes import Scheme
 
     experts, attn = TensorGroup("e", (2, 2), "routed_experts"), TensorGroup("a", (2, 2), "attn.q_proj")

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from nvfp4stack.cli import compose_config
-from nvfp4stack.models.resolve import descriptor_files, with_num_layers
+from nvfp4stack.families.resolve import descriptor_files, with_num_layers
 from nvfp4stack.plan.build import plan_for_config
 
 

@@ -19,7 +19,7 @@ def _cfg(tmp_path, *overrides):
 def test_quantize_writes_a_modelopt_nvfp4_checkpoint(tmp_path, capsys):
     from nvfp4stack.doctor import diagnose
     from nvfp4stack.doctor.plan import check_plan_agreement
-    from nvfp4stack.models.registry import get_family
+    from nvfp4stack.families.registry import get_family
     from nvfp4stack.plan.build import plan_for_config
 
     cfg = _cfg(tmp_path)
@@ -42,7 +42,7 @@ def test_quantize_writes_a_modelopt_nvfp4_checkpoint(tmp_path, capsys):
 
 
 def test_cast_is_refused_naming_the_key(tmp_path):
-    from nvfp4stack.models.registry import get_family
+    from nvfp4stack.families.registry import get_family
 
     with pytest.raises(ValueError, match=r"^quantize.method='cast': model family 'deepseek_v3' quantizes with "
                                          r"modelopt only.*Fix: quantize.method=modelopt"):

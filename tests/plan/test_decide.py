@@ -4,7 +4,8 @@ import pytest
 from nvfp4stack.arch import resolve
 from nvfp4stack.config import BackendConfig
 from nvfp4stack.kernels.select import BackendError
-from nvfp4stack.models.family import TensorGroup
+from nvfp4stack.families.contract import TensorGroup
+from nvfp4stack.families.registry import get_family
 from nvfp4stack.plan.planner import PlanError, decide
 from nvfp4stack.schemes import Scheme
 
@@ -16,7 +17,8 @@ NORM = TensorGroup("layers.3.attn_norm", (4096,), "norms", is_matrix=False)
 
 
 def _decide(group, source, requested, arch="sm90", family="deepseek_v4", **backend):
-    return decide(group, source, requested, family=family, arch=resolve(arch), backend=BackendConfig(**backend))
+    return decide(group, source, requested, family=get_family(family), arch=resolve(arch),
+                  backend=BackendConfig(**backend))
 
 
 @pytest.mark.parametrize("source,requested,arch,want", [

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from nvfp4stack.models.resolve import DESCRIPTORS
+from nvfp4stack.models import DESCRIPTORS
 from nvfp4stack.models.deepseek_v4.kv_cache import DSV4_FP8_DS_MLA_BYTES, dsv4_cache_lines, resolve_kv_dtype
 from nvfp4stack.plan.kv_cache import format_kv_report, kv_cache_report, model_dtype
 

@@ -6,9 +6,10 @@ import pytest
 
 from nvfp4stack.arch import resolve
 from nvfp4stack.config import GROUP_PRECISIONS, BackendConfig, PrecisionConfig
+from nvfp4stack.families.registry import get_family
 from nvfp4stack.kernels.select import BackendError
 from nvfp4stack.models.deepseek_v4.spec import dsv4_tensor_groups
-from nvfp4stack.models.resolve import DESCRIPTORS
+from nvfp4stack.models import DESCRIPTORS
 from nvfp4stack.models.deepseek_v4.spec import source_scheme as source_scheme_dsv4
 from nvfp4stack.plan.memory import Layout
 from nvfp4stack.plan.planner import PlanError, build_plan
@@ -34,7 +35,7 @@ def serving_precision(**kw):
 
 def plan(c, source="official", arch="sm100a", precision=None, backend=None, layout=Layout(tp=8, ep=True)):
     groups = [(g, source_scheme_dsv4(g, source)) for g in dsv4_tensor_groups(c)]
-    return build_plan(groups, model="m", family="deepseek_v4", arch=resolve(arch), source_format=source,
+    return build_plan(groups, model="m", family=get_family("deepseek_v4"), arch=resolve(arch), source_format=source,
                       precision=precision or serving_precision(), backend=backend or BackendConfig(),
                       layout=layout)
 

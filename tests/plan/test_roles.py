@@ -1,5 +1,6 @@
 import pytest
 
+from nvfp4stack.families.registry import get_family
 from nvfp4stack.plan.roles import ROLES, is_mtp, role_covers, role_of
 
 
@@ -59,9 +60,9 @@ def test_mtp_detection():
 
 
 def test_mtp_detection_by_the_named_family():
-    assert is_mtp("mtp.0.ffn.experts.1.w1.weight", 4, family="deepseek_v4")
-    assert not is_mtp("mtp.0.ffn.experts.1.w1.weight", 4, family="qwen3_moe")   # no native MTP module
-    assert is_mtp("model.layers.4.mlp.experts", 4, family="qwen3_moe")
+    assert is_mtp("mtp.0.ffn.experts.1.w1.weight", 4, family=get_family("deepseek_v4"))
+    assert not is_mtp("mtp.0.ffn.experts.1.w1.weight", 4, family=get_family("qwen3_moe"))   # no native MTP module
+    assert is_mtp("model.layers.4.mlp.experts", 4, family=get_family("qwen3_moe"))
 
 
 def test_role_tree():

@@ -2,14 +2,18 @@
 (gate/up names, MTP module, MTP layer count, ...) from the family rather than knowing them."""
 from __future__ import annotations
 
-from nvfp4stack.models import registry
-from nvfp4stack.models.family import ModelFamily
+from nvfp4stack.families import registry
+from nvfp4stack.families.family import ModelFamily
+
+
+def toy_family(name: str = "toy", **attrs) -> ModelFamily:
+    """A ``ModelFamily`` called ``name`` with ``attrs`` as class attributes (or methods), unregistered."""
+    return type("ToyFamily", (ModelFamily,), {"name": name, **attrs})()
 
 
 def register_toy_family(monkeypatch, name: str = "toy", **attrs) -> ModelFamily:
-    """Register a ``ModelFamily`` called ``name`` with ``attrs`` as class attributes (or methods)
-    next to the real families until the test ends; returns it."""
-    toy = type("ToyFamily", (ModelFamily,), {"name": name, **attrs})()
+    """Register :func:`toy_family` next to the real families until the test ends; returns it."""
+    toy = toy_family(name, **attrs)
     real = registry._families()
     monkeypatch.setattr(registry, "_families", lambda: {**real, name: toy})
     return toy

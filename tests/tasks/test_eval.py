@@ -19,7 +19,7 @@ def compose(*overrides: str):
 
 @pytest.mark.parametrize("recipe, level", [("tiny_cpu", "e2e"), ("tiny_dsv4", "layertest"), ("tiny_qwen3_moe", "e2e")])
 def test_auto_level_is_the_familys_first(recipe, level, capsys):
-    from nvfp4stack.models.registry import get_family
+    from nvfp4stack.families.registry import get_family
     from nvfp4stack.tasks.eval import _with_level
 
     cfg = compose(f"recipe={recipe}", "eval.level=auto", "run_dir=/tmp/unused")

@@ -169,7 +169,8 @@ def _check_cast_checkpoint(out, release):
 def test_readme_cast_command_composed(tmp_path):
     """The README's cast command, composed like the CLI does, through the task function: the W4A4
     target (torch_emulation on cpu) gets calibrated activation scales and a sane checkpoint."""
-    from nvfp4stack.models.resolve import FACTORIES, cache_root
+    from nvfp4stack.families.registry import factories
+    from nvfp4stack.families.resolve import cache_root
 
     cfg = _readme_cast(tmp_path)
     assert cfg.quantize.method == "cast" and not cfg.quantize.amax_path and cfg.quantize.cast_input_amax is None
@@ -177,7 +178,7 @@ def test_readme_cast_command_composed(tmp_path):
     rep = json.loads((tmp_path / "quantize_report.json").read_text())
     assert rep["activations"] == "w4a4" and rep["input_amax_from"] == "calibrated_activations"
     assert rep["weight_error_vs_bf16"]["routed_experts"]["rel_error"] == 0.0
-    release = FACTORIES["tiny_dsv4"](cache_root(cfg.cache_dir), "official")
+    release = factories()["tiny_dsv4"](cache_root(cfg.cache_dir), "official")
     scales = _check_cast_checkpoint(tmp_path / "quantized", release)
     assert 1.0 not in scales.values() and len(set(scales.values())) > 1  # calibrated, not placeholders
     assert (tmp_path / "calib_state" / "amax.safetensors").exists()
@@ -186,14 +187,15 @@ def test_readme_cast_command_composed(tmp_path):
 def test_w4a16_cast_needs_no_activation_amax(tmp_path):
     """A weight-only target never reads input_scale: the cast runs data-free (no calibration), writes
     the complete layout vLLM and the doctor expect, with the unit placeholder, and says so."""
-    from nvfp4stack.models.resolve import FACTORIES, cache_root
+    from nvfp4stack.families.registry import factories
+    from nvfp4stack.families.resolve import cache_root
 
     cfg = _readme_cast(tmp_path, "precision.routed_experts=nvfp4_w4a16")
     assert task.run(cfg) == 0
     rep = json.loads((tmp_path / "quantize_report.json").read_text())
     assert rep["activations"] == "w4a16_only" and rep["input_amax_from"] == "w4a16_placeholder"
     assert not (tmp_path / "calib_state").exists()  # nothing was calibrated
-    release = FACTORIES["tiny_dsv4"](cache_root(cfg.cache_dir), "official")
+    release = factories()["tiny_dsv4"](cache_root(cfg.cache_dir), "official")
     scales = _check_cast_checkpoint(tmp_path / "quantized", release)
     assert set(scales.values()) == {1.0}
 

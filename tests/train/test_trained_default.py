@@ -49,9 +49,10 @@ def test_random_weights_fail_the_corpus_word_check():
     import torch
     from transformers import AutoTokenizer, DeepseekV3ForCausalLM
 
-    from nvfp4stack.models.resolve import FACTORIES, cache_root
+    from nvfp4stack.families.registry import factories
+    from nvfp4stack.families.resolve import cache_root
 
-    d = FACTORIES["tiny_v3_random"](cache_root(str(CACHE)), "bf16")
+    d = factories()["tiny_v3_random"](cache_root(str(CACHE)), "bf16")
     tok = AutoTokenizer.from_pretrained(d)
     model = DeepseekV3ForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
     ids = tok(PROMPT, return_tensors="pt").input_ids   # as vLLM's completions endpoint tokenizes it

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nvfp4stack.models.family import ModelFamily
+from nvfp4stack.families.family import ModelFamily
 
 # MLA attention projections in transformers' and vLLM's names (DeepSeek-V4's native names too):
 # q_a / fused q_a+kv_a -> wq_a, q_b (or q without q_lora) -> wq_b, kv_a -> wkv, kv_b -> wkv_b, o -> wo_b.

@@ -13,7 +13,7 @@ _LAYER = re.compile(r"^layers\.(\d+)\.")
 
 def check_checkpoint(cfg: dict, tensors: dict, report: DoctorReport) -> bool:
     """Structure and config.json checks; True when the names are native (what vLLM's loader reads)."""
-    from nvfp4stack.models.registry import role_of
+    from nvfp4stack.families.registry import role_of
 
     native = any(n.startswith("layers.") for n in tensors)
     if not native:
@@ -48,7 +48,7 @@ def _want_vllm(mode: str, report: DoctorReport) -> bool:
 def weight_only_input_scales(served: dict[str, str]) -> str | None:
     """Regex of the vLLM input_scale parameters the plan never needs: routed experts of the decoder
     layers it serves weight-only (every expert of the layer nvfp4_w4a16); None when there are none."""
-    from nvfp4stack.models.registry import role_of
+    from nvfp4stack.families.registry import role_of
     from nvfp4stack.schemes import Scheme
 
     layers: dict[str, bool] = {}

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from nvfp4stack.models.deepseek_v3.family import MLA_ATTN_PATTERNS, nextn_predict_layers
-from nvfp4stack.models.family import ModelFamily
+from nvfp4stack.families.family import ModelFamily
 
 WO_A = "attn.wo_a"
 

@@ -18,9 +18,10 @@ def resolve_sources(cfg) -> tuple[Path | None, Path]:
         base = Path(q.base or q.source).expanduser()
         return src, base
     if getattr(m, "factory", None) == "tiny_dsv4":
-        from nvfp4stack.models.resolve import FACTORIES, cache_root
+        from nvfp4stack.families.registry import factories
+        from nvfp4stack.families.resolve import cache_root
 
-        build = FACTORIES["tiny_dsv4"]
+        build = factories()["tiny_dsv4"]
         return build(cache_root(cfg.cache_dir), "bf16"), build(cache_root(cfg.cache_dir), "official")
     path = getattr(m, "path", None)
     if not path:
@@ -95,6 +96,7 @@ def cast_activation_target(cfg, base_dir: Path, quantize_mtp: bool) -> tuple[boo
     read it.
     """
     from nvfp4stack.arch import resolve
+    from nvfp4stack.families.registry import get_family
     from nvfp4stack.plan.build import layout_of
     from nvfp4stack.plan.groups import groups_from_checkpoint, load_config_json
     from nvfp4stack.plan.planner import build_plan
@@ -102,7 +104,7 @@ def cast_activation_target(cfg, base_dir: Path, quantize_mtp: bool) -> tuple[boo
 
     hf = load_config_json(base_dir / "config.json")
     plan = build_plan(groups_from_checkpoint(base_dir, hf.get("num_hidden_layers")), model=cfg.model.name,
-                      family=cfg.model.family, arch=resolve(cfg.arch.name), source_format="official",
+                      family=get_family(cfg.model.family), arch=resolve(cfg.arch.name), source_format="official",
                       precision=cfg.precision, backend=cfg.backend, layout=layout_of(cfg.engine),
                       fp8_ue8m0=cfg.precision.fp8_scale_fmt == "ue8m0")
     experts = [g for g in plan.groups if g.role == "routed_experts" and (quantize_mtp or not g.mtp)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from nvfp4stack.models.family import TensorGroup
+from nvfp4stack.families.contract import TensorGroup
 from nvfp4stack.schemes import Scheme
 
 

@@ -232,7 +232,7 @@ def release_tensors(name: str, t: torch.Tensor, role: str | None) -> dict[str, t
 
 def to_release(state: dict[str, torch.Tensor], cfg: dict) -> dict[str, torch.Tensor]:
     """Layout (a) -> layout (b): FP8-block and MXFP4 roles quantized, everything else as is."""
-    from nvfp4stack.plan.roles import role_of
+    from nvfp4stack.families.registry import role_of
 
     out: dict[str, torch.Tensor] = {}
     for name, t in state.items():

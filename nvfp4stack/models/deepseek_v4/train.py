@@ -41,7 +41,7 @@ def ensure_trained_tiny_dsv4(cache_dir: str | Path, cfg: TrainConfig, seed: int 
     from nvfp4stack.models.deepseek_v4.reference import load_reference
     from nvfp4stack.models.deepseek_v4.tiny import (
         SPEC_VERSION, TINY_DSV4_ARCH, build_tiny_dsv4, on_mxfp4_grid, write_layouts)
-    from nvfp4stack.models.registry import role_of
+    from nvfp4stack.families.registry import role_of
 
     cfg = cfg.resolved("tiny_dsv4")
     cache_dir = Path(cache_dir)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nvfp4stack.models.family import ModelFamily
+from nvfp4stack.families.family import ModelFamily
 from nvfp4stack.schemes import Scheme
 
 

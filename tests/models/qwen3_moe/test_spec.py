@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from nvfp4stack.models.family import TensorGroup
+from nvfp4stack.families.contract import TensorGroup
 from nvfp4stack.models.qwen3_moe import FAMILY
 from nvfp4stack.schemes import Scheme
 

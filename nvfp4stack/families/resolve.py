@@ -4,19 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from nvfp4stack.checkpoint.location import checkpoint_dir
-from nvfp4stack.models.registry import get_factory, shape_twins
-from nvfp4stack.models.registry import factories as _factories
-
-DESCRIPTORS = Path(__file__).resolve().parent / "descriptors"
-
-# factory name -> builder(cache root, source_format) -> checkpoint dir (built once, then cached),
-# as the model families declare them (ModelFamily.factories).
-FACTORIES = _factories()
-
-# Trained factory -> its seeded random twin: the same tensor names, shapes, dtypes and config.json,
-# only the values differ. Planning reads nothing else, so `plan` (and every command's planning step,
-# e.g. `serve engine.dry_run=true` in a scratch cache) never waits for a training run.
-SHAPE_TWIN = shape_twins()
+from nvfp4stack.families.registry import get_factory, plugins, shape_twins
 
 
 def cache_root(cache_dir: str) -> Path:
@@ -36,14 +24,19 @@ def model_dir(model, cache_dir: str) -> Path | None:
 def header_dir(model, cache_dir: str) -> Path | None:
     """A checkpoint with ``model``'s tensor headers and config.json: :func:`model_dir`, except that a
     trained factory answers with its random twin (built in seconds) unless ``model.path`` is set."""
-    if model.factory in SHAPE_TWIN and not model.path:
-        return FACTORIES[SHAPE_TWIN[model.factory]](cache_root(cache_dir), model.source_format)
+    # The twin: the same tensor names, shapes, dtypes and config.json, only the values differ. Planning
+    # reads nothing else, so `plan` (and every command's planning step, e.g. `serve engine.dry_run=true`
+    # in a scratch cache) never waits for a training run.
+    twin = shape_twins().get(model.factory)
+    if twin is not None and not model.path:
+        return get_factory(twin)[1](cache_root(cache_dir), model.source_format)
     return model_dir(model, cache_dir)
 
 
 def descriptor_files() -> dict[str, Path]:
-    """Weight-free config.json descriptors by name: models/descriptors/ and each family's descriptors/."""
-    found = sorted(DESCRIPTORS.glob("*.json")) + sorted(DESCRIPTORS.parent.glob("*/descriptors/*.json"))
+    """Weight-free config.json descriptors by name: the plug-ins' shared descriptors/ and each family's."""
+    shared = Path(plugins().DESCRIPTORS)
+    found = sorted(shared.glob("*.json")) + sorted(shared.parent.glob("*/descriptors/*.json"))
     out: dict[str, Path] = {}
     for p in found:
         if p.stem in out:

@@ -1,7 +1,8 @@
 """The model-family registry: the one place the core finds a family (by name, architecture, factory).
 
-Each line of ``PACKAGES`` names a package under nvfp4stack/models/ whose ``FAMILY`` is a
-``ModelFamily``; adding a family adds one line here.
+The plug-ins live in ``PLUGINS`` (nvfp4stack/models/): each line of its ``PACKAGES`` names a package
+whose ``FAMILY`` is a ``ModelFamily``; adding a family adds one line there. They are imported on the
+first lookup, never at import of this module: the contract sits below its plug-ins.
 """
 from __future__ import annotations
 
@@ -10,22 +11,23 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
-from nvfp4stack.models.family import GENERIC_ROLES, ModelFamily
+from nvfp4stack.families.family import ModelFamily
+from nvfp4stack.families.roles import GENERIC_ROLES
 
-PACKAGES = (
-    "nvfp4stack.models.deepseek_v4",
-    "nvfp4stack.models.deepseek_v3",
-    "nvfp4stack.models.qwen3_moe",
-)
+# The package of the family plug-ins: ``PACKAGES`` lists them, ``DESCRIPTORS`` is the folder of the
+# weight-free config.json descriptors they share.
+PLUGINS = "nvfp4stack.models"
 
-# The model a config without model=... gets (conf/model/tiny_v3.yaml: what `serve` runs by default).
-DEFAULT_MODEL = {"name": "tiny_v3", "family": "deepseek_v3", "factory": "tiny_v3"}
+
+def plugins():
+    """The plug-in package (``PLUGINS``), imported on first use."""
+    return importlib.import_module(PLUGINS)
 
 
 @lru_cache(maxsize=1)
 def _families() -> dict[str, ModelFamily]:
     out: dict[str, ModelFamily] = {}
-    for pkg in PACKAGES:
+    for pkg in plugins().PACKAGES:
         fam = importlib.import_module(pkg).FAMILY
         if not isinstance(fam, ModelFamily) or not fam.name:
             raise TypeError(f"{pkg}.FAMILY: expected a named ModelFamily instance, found {fam!r}")
@@ -49,7 +51,7 @@ def get_family(name: str, key: str = "model.family") -> ModelFamily:
         return _families()[name]
     except KeyError:
         raise ValueError(f"{key}={name!r} is not a registered model family; valid: "
-                         f"{', '.join(family_names())} (nvfp4stack/models/registry.py)") from None
+                         f"{', '.join(family_names())} (nvfp4stack/models/__init__.py PACKAGES)") from None
 
 
 def family_for_config(hf: dict, where: str = "config.json") -> ModelFamily:

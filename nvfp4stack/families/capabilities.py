@@ -32,7 +32,7 @@ class SupportsModels(FamilyIdentity):
         return {}
 
     def train(self, factory: str, cache_root: Path, train_cfg) -> tuple[Path, bool]:
-        raise self._missing("train", f"model.factory={factory!r}", "a factory listed in its trainable")
+        raise self.capability_missing("train", f"model.factory={factory!r}", "a factory listed in its trainable")
 
 
 class SupportsCheckpointLayout(FamilyIdentity):
@@ -61,7 +61,7 @@ class SupportsCheckpointLayout(FamilyIdentity):
         """Stored scheme of ``group`` in a generic source format: every matrix BF16, except the routed
         experts of a modelopt export (NVFP4); tensors that are no GEMM weight are kept as stored."""
         if source_format not in GENERIC_SOURCE_FORMATS:
-            raise self._missing(f"source_scheme for {source_format!r}", f"model.source_format={source_format!r}",
+            raise self.capability_missing(f"source_scheme for {source_format!r}", f"model.source_format={source_format!r}",
                                 f"one of {', '.join(self.accepted_source_formats)}")
         if not group.is_matrix:
             return Scheme.PASSTHROUGH
@@ -159,7 +159,7 @@ class SupportsQuantize(FamilyIdentity):
     export_formats: dict[str, tuple[str, ...]] = {}
 
     def quantize(self, cfg) -> int:
-        raise self._missing("quantize", "quantize", "a family that has a quantize pipeline")
+        raise self.capability_missing("quantize", "quantize", "a family that has a quantize pipeline")
 
 
 class SupportsReference(FamilyIdentity):
@@ -175,10 +175,10 @@ class SupportsReference(FamilyIdentity):
     eval_levels: tuple[str, ...] = ()
 
     def fidelity(self, cfg, seed: int) -> dict:
-        raise self._missing("fidelity", f"eval.level={cfg.eval.level!r}", "a family with a reference forward")
+        raise self.capability_missing("fidelity", f"eval.level={cfg.eval.level!r}", "a family with a reference forward")
 
     def served_reference(self, bf16_dir: Path, served_dir: Path):
-        raise self._missing("served_reference", str(bf16_dir), "a family with a reference forward")
+        raise self.capability_missing("served_reference", str(bf16_dir), "a family with a reference forward")
 
 
 class SupportsSynthetic(FamilyIdentity):
@@ -198,4 +198,4 @@ class SupportsSynthetic(FamilyIdentity):
         """(checkpoint name, tensor) for every tensor a checkpoint of ``config`` stores, in the layout
         of the family's first source format, drawn on ``device`` per tensor name: what
         ``engine.load_format=synthetic`` feeds vLLM's ``load_weights`` (engine/synthetic_loader.py)."""
-        raise self._missing("synthetic weights", "engine.load_format=synthetic", "a family with synthetic_weights")
+        raise self.capability_missing("synthetic weights", "engine.load_format=synthetic", "a family with synthetic_weights")

@@ -40,7 +40,7 @@ class FamilyIdentity:
     hf_architectures: tuple[str, ...] = ()
     model_types: tuple[str, ...] = ()
 
-    def _missing(self, what: str, key: str, expected: str) -> FamilyCapabilityError:
+    def capability_missing(self, what: str, key: str, expected: str) -> FamilyCapabilityError:
         return FamilyCapabilityError(
             f"{key}: model family {self.name!r} provides no {what}; expected {expected}. Fix: pick a "
             f"model of a family that has it, or add {what} to nvfp4stack/models/{self.name}/")

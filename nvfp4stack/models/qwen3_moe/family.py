@@ -76,7 +76,7 @@ class Qwen3MoeFamily(ModelFamily):
     # -- fidelity ----------------------------------------------------------------------------
     def fidelity(self, cfg, seed: int) -> dict:
         if cfg.eval.level not in self.eval_levels:
-            raise self._missing(f"eval.level={cfg.eval.level}", f"eval.level={cfg.eval.level!r}",
+            raise self.capability_missing(f"eval.level={cfg.eval.level}", f"eval.level={cfg.eval.level!r}",
                                 f"one of {', '.join(self.eval_levels)}")
         from nvfp4stack.models.qwen3_moe.reference import fidelity_e2e
 

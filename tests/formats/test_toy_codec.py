@@ -17,6 +17,7 @@ from nvfp4stack.doctor import diagnose
 from nvfp4stack.doctor.files import by_group, read_checkpoint, sniff
 from nvfp4stack.doctor.report import DoctorReport
 from nvfp4stack.eval.emulate import emulate_weight
+from nvfp4stack.families.registry import get_family
 from nvfp4stack.formats.codec import CODECS
 from nvfp4stack.plan.groups import groups_from_checkpoint
 from nvfp4stack.plan.memory import Layout
@@ -53,7 +54,8 @@ def bf16_ckpt(tmp_path, seed, make_weights):
 def _plan(ckpt, source_format):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")   # the default precision names roles the toy family lacks
-        return build_plan(groups_from_checkpoint(ckpt, 1, "toy"), model="toy", family="toy", arch=resolve("cpu"),
+        family = get_family("toy")
+        return build_plan(groups_from_checkpoint(ckpt, 1, family), model="toy", family=family, arch=resolve("cpu"),
                           source_format=source_format, precision=PrecisionConfig(dense_mlp=NAME),
                           backend=BackendConfig(linear=KERNEL), layout=Layout())
 
@@ -89,7 +91,7 @@ def test_toy_format_through_plan_convert_doctor_report(toy, bf16_ckpt, tmp_path)
     assert {f.check for f in pending.warnings} == {"plan"} and pending.exit_code == 0
 
     src = ShardedReader(bf16_ckpt)
-    errors = weight_errors(out, src, family="toy")
+    errors = weight_errors(out, src, family=get_family("toy"))
     assert errors["dense_mlp"]["formats"] == [NAME] and errors["dense_mlp"]["tensors"] == 3
     assert 0 < errors["dense_mlp"]["rel_error"] < 0.02
     w = src.get(f"{MLP[1]}.weight").float()   # eval's emulation is the converter's round trip

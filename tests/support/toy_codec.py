@@ -5,6 +5,7 @@ toy_int8: ``weight`` int8 [..., N, K] and ``row_scale`` bf16 [..., N], value = w
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import ClassVar, Mapping
 
@@ -13,7 +14,7 @@ import torch
 from nvfp4stack import schemes
 from nvfp4stack.convert.base import CONVERTERS, Converter
 from nvfp4stack.formats.codec import CODECS, Codec, Entry, load_codecs, require
-from nvfp4stack.kernels.base import LINEAR_BACKENDS, LinearBackend, load_backends
+from nvfp4stack.kernels.base import LINEAR_BACKENDS, Capabilities, RunnableLinearBackend, load_backends
 from nvfp4stack.schemes import Scheme
 
 NAME = "toy_int8"
@@ -65,9 +66,9 @@ class Bf16ToToyInt8(Converter):
         return {"weight": q, "row_scale": scale}
 
 
-class ToyInt8Linear(LinearBackend):
-    provider = "nvfp4stack"
-    emulated = True
+class ToyInt8Linear(RunnableLinearBackend):
+    # the toy scheme replaces BF16 when register_toy_codec registers it
+    capabilities = Capabilities(provider="nvfp4stack", schemes=(Scheme.BF16,), emulated=True)
 
     @classmethod
     def supports_arch(cls, arch) -> tuple[bool, str]:
@@ -92,7 +93,8 @@ def register_toy_codec(monkeypatch) -> Scheme:
     monkeypatch.setattr(schemes, "_REGISTRY", dict(schemes._REGISTRY))
     toy = Scheme.register(NAME, storage=NAME, activation="bf16")
     monkeypatch.setattr(Bf16ToToyInt8, "target", toy, raising=False)
-    monkeypatch.setattr(ToyInt8Linear, "schemes", (toy,))
+    monkeypatch.setattr(ToyInt8Linear, "capabilities",
+                        dataclasses.replace(ToyInt8Linear.capabilities, schemes=(toy,)))
     for registry, name, obj in ((CODECS, NAME, ToyInt8Codec), (CONVERTERS, CONVERTER, Bf16ToToyInt8),
                                 (LINEAR_BACKENDS, KERNEL, ToyInt8Linear)):
         monkeypatch.setitem(registry._items, name, obj)

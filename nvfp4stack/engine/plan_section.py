@@ -129,7 +129,9 @@ class EnginePlan:
 
 
 def _own(entry: dict, kind: str) -> str | None:
-    if not Scheme(entry["scheme"]).is_nvfp4:
+    # MoE: the NVFP4 experts (the plugin's methods take those only); linear: any quantized format our
+    # linear method loads (engine/linear_method.py), e.g. the FP8 block projections on torch_emulation
+    if kind == "moe" and not Scheme(entry["scheme"]).is_nvfp4:
         return None
     reg = MOE_BACKENDS if kind == "moe" else LINEAR_BACKENDS
     name = entry["kernel"]

@@ -156,13 +156,10 @@ class Nvfp4StackConfig(QuantizationConfig):
             return _built(prefix, method)
         elif isinstance(layer, LinearBase):
             kernel = self.plan.own_kernel(prefix, "linear")
-            if kernel is not None:
-                # nvfp4stack's linear backends (kernels/linear/) have no vLLM linear method: NVFP4 linears
-                # run on vLLM's own kernels (on CPU: vLLM's emulation kernel, registered by the plugin).
-                raise NotImplementedError(
-                    f"{prefix}: the plan puts this linear on nvfp4stack kernel {kernel!r}, which has no "
-                    "vLLM linear method yet; set backend.linear=vllm_emulation (or another vLLM backend)"
-                )
+            if kernel is not None:  # engine/linear_method.py: vLLM's parameters, our backend's prepare/apply
+                from nvfp4stack.engine.linear_method import own_linear_method
+
+                return own_linear_method(self.base, self.plan.entry_for(prefix), kernel, prefix)
         return self.base.get_quant_method(layer, prefix)
 
     def _excluded(self, prefix: str, default: bool) -> bool:

@@ -11,19 +11,22 @@ from __future__ import annotations
 
 import json
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 
-def main(ckpt: str, overrides: str, out: str, seed: str | None = None) -> int:
+@contextmanager
+def loaded_model(ckpt: str, overrides: str, seed: str | None = None):
+    """vLLM's model for ``ckpt`` built with the nvfp4stack quantization config (``overrides``: the
+    --hf-overrides payload) and its weights loaded by vLLM's own loader; yields (model, vllm_config)
+    inside vLLM's config context, before any ``process_weights_after_loading``."""
     from nvfp4stack.models.deepseek_v4.vllm_cpu_shims import force_no_amx_if_asked
 
     force_no_amx_if_asked()
     import vllm.v1.worker.cpu.shm  # noqa: F401  (vLLM's CPU worker imports it first)
     import torch
-    from safetensors.torch import save_file
     from vllm.config import set_current_vllm_config
     from vllm.engine.arg_utils import EngineArgs
-    from vllm.model_executor.layers.fused_moe import RoutedExperts
     from vllm.model_executor.model_loader import get_model_loader
     from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
     from vllm.model_executor.model_loader.utils import get_model_architecture
@@ -40,7 +43,6 @@ def main(ckpt: str, overrides: str, out: str, seed: str | None = None) -> int:
                     hf_overrides=json.loads(Path(overrides).read_text()), **load)
     vc = ea.create_engine_config()
     report = LoadReport(ckpt)
-    saved: dict[str, torch.Tensor] = {}
     with set_current_vllm_config(vc):
         init_dist_once()
         allow_fp8_block_without_amx(report)
@@ -55,16 +57,26 @@ def main(ckpt: str, overrides: str, out: str, seed: str | None = None) -> int:
                 bad = [n for n, p in model.named_parameters() if p.dtype.is_floating_point and p.dtype.itemsize > 1
                        and not torch.isfinite(p.float()).all()]
                 print(f"[cast_at_load] non-finite parameters: {bad}", flush=True)
-            for name, module in model.named_modules():
-                if not isinstance(module, RoutedExperts):
-                    continue
-                method = module.quant_method
-                print(f"[cast_at_load] {name}: {type(method).__name__}", flush=True)
-                method.process_weights_after_loading(module)
-                for p in ("w13_weight", "w13_weight_scale", "w13_weight_scale_2", "w2_weight", "w2_weight_scale",
-                          "w2_weight_scale_2"):
-                    t = getattr(module, p).data
-                    saved[f"{name}.{p}"] = (t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t).contiguous()
+            yield model, vc
+
+
+def main(ckpt: str, overrides: str, out: str, seed: str | None = None) -> int:
+    import torch
+    from safetensors.torch import save_file
+    from vllm.model_executor.layers.fused_moe import RoutedExperts
+
+    saved: dict[str, torch.Tensor] = {}
+    with loaded_model(ckpt, overrides, seed) as (model, _):
+        for name, module in model.named_modules():
+            if not isinstance(module, RoutedExperts):
+                continue
+            method = module.quant_method
+            print(f"[cast_at_load] {name}: {type(method).__name__}", flush=True)
+            method.process_weights_after_loading(module)
+            for p in ("w13_weight", "w13_weight_scale", "w13_weight_scale_2", "w2_weight", "w2_weight_scale",
+                      "w2_weight_scale_2"):
+                t = getattr(module, p).data
+                saved[f"{name}.{p}"] = (t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t).contiguous()
     save_file(saved, out)
     return 0
 

@@ -1,8 +1,8 @@
 """Pure-torch linear for any stored format: dequantize the typed weight, then one GEMM.
 
-The fidelity harness and CPU planning use it (e.g. FP8-block attention projections on a host
-without FP8 kernels). It is not wired into vLLM serving: the plugin refuses it for served
-linear layers and vLLM keeps its own method there.
+The fidelity harness uses it, and vLLM serves with it where the plan puts a linear on it (e.g.
+the FP8-block attention and shared-expert projections on a CPU host): the plugin's linear method
+(engine/linear_method.py) loads the layer with vLLM's own parameters and calls ``prepare``/``apply``.
 """
 from __future__ import annotations
 
@@ -41,6 +41,7 @@ class TorchEmulationLinear(RunnableLinearBackend):
 
     @classmethod
     def supports_arch(cls, arch: Arch) -> Verdict:
+        # the reason is printed in plan.json (goldens): its wording stays although vLLM now serves it
         return True, "pure torch dequantize + GEMM, any device (fidelity and CPU planning; not used for serving)"
 
     @classmethod

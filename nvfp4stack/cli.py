@@ -15,8 +15,17 @@ import threading
 from pathlib import Path
 
 from nvfp4stack.overrides import check_overrides, describe_config_error
-from nvfp4stack.usage import (CONF_DIR, COMMANDS, RECIPES_DIR, ROOT, ConfigWarning,  # noqa: F401  (re-exports)
-                              UsageError, did_you_mean, help_text, recipes)
+from nvfp4stack.usage import (  # noqa: F401  (re-exports)
+    COMMANDS,
+    CONF_DIR,
+    RECIPES_DIR,
+    ROOT,
+    ConfigWarning,
+    UsageError,
+    did_you_mean,
+    help_text,
+    recipes,
+)
 
 # Hydra flags that take a value in the next argv slot (so that value is no command word).
 _FLAGS_WITH_VALUE = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",

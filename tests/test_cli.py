@@ -8,9 +8,9 @@ import time
 import pytest
 
 from nvfp4stack.cli import CONF_DIR, RECIPES_DIR, ROOT, UsageError, compose_config, split_command
+from nvfp4stack.config import GROUPS, RootConfig
 from nvfp4stack.overrides import check_overrides, field_path
 from nvfp4stack.usage import COMMANDS
-from nvfp4stack.config import GROUPS, RootConfig
 
 RECIPES = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
 

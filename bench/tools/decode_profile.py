@@ -43,12 +43,12 @@ def routing(tokens, experts, top_k, kind, gen, dev):
 def main() -> int:
     import triton
 
+    from bench.tools.decode_variants import kernel_split
     from nvfp4stack.bench.cold_l2 import cold_time_us, flush_buffer
     from nvfp4stack.bench.moe_kernel import SHAPES, _bf16_pipeline, dequant_all, random_nvfp4_experts
     from nvfp4stack.kernels.moe.hopper_w4a16 import fused_moe as tw
     from nvfp4stack.kernels.moe.hopper_w4a16 import tiles
     from nvfp4stack.kernels.moe.hopper_w4a16.torch_twin import nvfp4_moe_forward
-    from bench.tools.decode_variants import kernel_split
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--loads", default="flash64,pro48")

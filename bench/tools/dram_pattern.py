@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+
 @triton.jit
 def rd(p, out, ROW_STRIDE, STEP_STRIDE, TILE_STRIDE, NSTEPS, R: tl.constexpr, C: tl.constexpr, NS: tl.constexpr):
     pid = tl.program_id(0)

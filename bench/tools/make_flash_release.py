@@ -32,11 +32,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from nvfp4stack.checkpoint.safetensors_io import save_sharded  # noqa: E402
+from nvfp4stack.families.resolve import descriptor_files, with_num_layers  # noqa: E402
 from nvfp4stack.io_atomic import atomic_dir  # noqa: E402
 from nvfp4stack.models.deepseek_v4.spec import TensorGroup, dsv4_tensor_groups  # noqa: E402
-from nvfp4stack.models.deepseek_v4.tiny import (  # noqa: E402
-    _gen, _heavy_tailed, _matrix, non_matrix_tensor, release_tensors)
-from nvfp4stack.families.resolve import descriptor_files, with_num_layers  # noqa: E402
+from nvfp4stack.models.deepseek_v4.tiny import _gen, _heavy_tailed, _matrix, non_matrix_tensor, release_tensors  # noqa: E402
 
 CHUNKED_NUMEL = 1 << 24      # above this a matrix is drawn a row block at a time (~0.4 GB of draws each)
 # |E2M1 code| 0..7 = 0, 0.5, 1, 1.5, 2, 3, 4, 6: relative frequencies of a bell over the grid

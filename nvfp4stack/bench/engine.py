@@ -36,7 +36,7 @@ from pathlib import Path
 from nvfp4stack.bench.engine_measure import measure
 from nvfp4stack.bench.rounds import Cell, ratio_text, schedule, worst_spread
 from nvfp4stack.io_atomic import atomic_write_text
-from nvfp4stack.plan.kv_cache import DEFAULT_GPU_UTIL   # vLLM's own default, split by servers=together
+from nvfp4stack.plan.kv_cache import DEFAULT_GPU_UTIL  # vLLM's own default, split by servers=together
 from nvfp4stack.run_dir import versions
 
 BASELINES = ("marlin", "humming", "bf16")

@@ -10,8 +10,13 @@ import torch
 
 from nvfp4stack.convert import CONVERTERS
 from nvfp4stack.convert.groups import nvfp4_to_group
-from nvfp4stack.formats import (dequantize_fp8_block, dequantize_mxfp4, quantize_fp8_block,
-                                quantize_mxfp4, quantize_nvfp4)
+from nvfp4stack.formats import (
+    dequantize_fp8_block,
+    dequantize_mxfp4,
+    quantize_fp8_block,
+    quantize_mxfp4,
+    quantize_nvfp4,
+)
 
 
 def _timed(fn, repeats: int, device: torch.device) -> float:

@@ -74,11 +74,14 @@ def prepare(w13: Nvfp4Tensor, w2: Nvfp4Tensor, top_k: int, max_tokens: int) -> H
                          "rows stacked in w13)")
     from vllm.model_executor.layers.fused_moe.activation import MoEActivation
     from vllm.model_executor.layers.fused_moe.config import (
-        FusedMoEConfig, FusedMoEParallelConfig, RoutingMethodType,
+        FusedMoEConfig,
+        FusedMoEParallelConfig,
+        RoutingMethodType,
     )
     from vllm.model_executor.layers.fused_moe.oracle.nvfp4 import make_nvfp4_moe_kernel, select_nvfp4_moe_backend
     from vllm.model_executor.layers.quantization.utils.humming_utils import (
-        convert_to_humming_moe_kernel_format, get_humming_moe_quant_config,
+        convert_to_humming_moe_kernel_format,
+        get_humming_moe_quant_config,
     )
     from vllm.model_executor.layers.quantization.utils.quant_utils import kNvfp4Static
 

@@ -35,7 +35,6 @@ class ConvertConfig:
             raise ValueError(f"convert.max_shard_bytes: expected > 0, found {self.max_shard_bytes}; "
                              "use e.g. convert.max_shard_bytes=4294967296")
         from nvfp4stack.convert import CONVERTERS  # local: config import must stay light
-
         from nvfp4stack.convert.units import parse_rules
 
         bad = {k: v for k, v in parse_rules(self.rules, "convert.rules").items()

@@ -7,8 +7,14 @@ import os
 import shutil
 from pathlib import Path
 
-from nvfp4stack.checkpoint.safetensors_io import (DTYPES, INDEX_NAME, ShardedReader, TensorInfo, checkpoint_file,
-                                                  read_header)
+from nvfp4stack.checkpoint.safetensors_io import (
+    DTYPES,
+    INDEX_NAME,
+    ShardedReader,
+    TensorInfo,
+    checkpoint_file,
+    read_header,
+)
 from nvfp4stack.convert.base import CONVERTERS
 from nvfp4stack.convert.units import PASSTHROUGH, Unit
 

@@ -18,8 +18,7 @@ from typing import Iterable, NamedTuple
 
 import torch
 
-from nvfp4stack.checkpoint.safetensors_io import (TensorInfo, dtype_name, encode_header, file_sha256,
-                                                  tensor_bytes)
+from nvfp4stack.checkpoint.safetensors_io import TensorInfo, dtype_name, encode_header, file_sha256, tensor_bytes
 from nvfp4stack.convert.file_sink import FileSink
 
 log = logging.getLogger(__name__)

@@ -26,15 +26,34 @@ from tqdm import tqdm
 from nvfp4stack.checkpoint.safetensors_io import ShardedReader
 from nvfp4stack.checkpoint.side_files import side_files
 from nvfp4stack.convert import CONVERTERS
-from nvfp4stack.convert.destination import (MANIFEST, REPORT, ConvertRefused, DestinationExists,  # noqa: F401
-                                            check_destination, check_free_space, completed_report, disk_full,
-                                            estimated_out_bytes, output_problem, put_in_place)
+from nvfp4stack.convert.destination import (  # noqa: F401
+    MANIFEST,
+    REPORT,
+    ConvertRefused,
+    DestinationExists,
+    check_destination,
+    check_free_space,
+    completed_report,
+    disk_full,
+    estimated_out_bytes,
+    output_problem,
+    put_in_place,
+)
 from nvfp4stack.convert.finalize import finalize
 from nvfp4stack.convert.journal import JOURNAL, append_journal, plan_digest, read_journal, start_journal
 from nvfp4stack.convert.out_specs import OutputSpecs
 from nvfp4stack.convert.shard_writer import ShardWriter
-from nvfp4stack.convert.units import (PASSTHROUGH, Chooser, Unit, chooser_from_rules, join_name,  # noqa: F401
-                                      parse_rules, plan_units, split_name, unit_sources)
+from nvfp4stack.convert.units import (  # noqa: F401
+    PASSTHROUGH,
+    Chooser,
+    Unit,
+    chooser_from_rules,
+    join_name,
+    parse_rules,
+    plan_units,
+    split_name,
+    unit_sources,
+)
 from nvfp4stack.convert.validate import KEEP, REFUSE, input_problems
 from nvfp4stack.schemes import Scheme
 

@@ -16,8 +16,7 @@ from nvfp4stack.convert.base import CONVERTERS, Converter
 from nvfp4stack.convert.groups import input_scale_of, nvfp4_from_group, nvfp4_to_group
 from nvfp4stack.families.registry import gate_up_pairs
 from nvfp4stack.formats.e2m1 import e2m1_decode, e2m1_encode, pack_e2m1, unpack_e2m1
-from nvfp4stack.formats.nvfp4 import (BLOCK, E4M3_MAX, SCALE_MIN, Nvfp4Tensor, nvfp4_global_scale,
-                                      quantize_nvfp4)
+from nvfp4stack.formats.nvfp4 import BLOCK, E4M3_MAX, SCALE_MIN, Nvfp4Tensor, nvfp4_global_scale, quantize_nvfp4
 from nvfp4stack.schemes import Scheme
 
 

@@ -15,9 +15,9 @@ from typing import Iterator
 
 import torch
 
+from nvfp4stack.checkpoint.safetensors_io import TensorInfo
 from nvfp4stack.doctor.files import by_group, sniff
 from nvfp4stack.doctor.report import DoctorReport
-from nvfp4stack.checkpoint.safetensors_io import TensorInfo
 from nvfp4stack.families.registry import gate_up_pairs as registered
 from nvfp4stack.schemes import Scheme
 

@@ -81,7 +81,10 @@ class Nvfp4StackFp8BlockLinear(Fp8LinearMethod):
                        params_dtype, **extra_weight_attrs):
         # Fp8LinearMethod.create_weights' block path, parameters only (no vLLM kernel is chosen)
         from vllm.model_executor.layers.quantization.utils.fp8_utils import (
-            create_fp8_scale_parameter, create_fp8_weight_parameter, validate_fp8_block_shape)
+            create_fp8_scale_parameter,
+            create_fp8_weight_parameter,
+            validate_fp8_block_shape,
+        )
         from vllm.model_executor.parameter import BlockQuantScaleParameter
 
         weight_loader = extra_weight_attrs.get("weight_loader")

@@ -16,9 +16,9 @@ import torch
 from nvfp4stack.checkpoint.safetensors_io import ShardedReader
 from nvfp4stack.convert.groups import mxfp4_from_group
 from nvfp4stack.convert.mxfp4_to_nvfp4 import mxfp4_to_nvfp4
+from nvfp4stack.eval.emulate import emulate_weight
 from nvfp4stack.formats.mxfp4 import Mxfp4Tensor
 from nvfp4stack.formats.nvfp4 import GLOBAL_DIVISOR, Nvfp4Tensor, quantize_nvfp4
-from nvfp4stack.eval.emulate import emulate_weight
 from nvfp4stack.quantize.report import dequantize_group
 from nvfp4stack.schemes import Scheme
 

@@ -29,9 +29,16 @@ family package to answer name lookups.
 """
 from __future__ import annotations
 
-from nvfp4stack.families.capabilities import (SupportsCheckpointLayout, SupportsDoctor, SupportsModels,
-                                              SupportsPlanning, SupportsQuantize, SupportsReference,
-                                              SupportsServing, SupportsSynthetic)
+from nvfp4stack.families.capabilities import (
+    SupportsCheckpointLayout,
+    SupportsDoctor,
+    SupportsModels,
+    SupportsPlanning,
+    SupportsQuantize,
+    SupportsReference,
+    SupportsServing,
+    SupportsSynthetic,
+)
 from nvfp4stack.families.roles import SupportsRoles
 
 # Every capability ModelFamily composes, in the spec's order (the conformance test walks them).

@@ -13,8 +13,8 @@ import json
 import shutil
 from pathlib import Path
 
-from nvfp4stack.io_atomic import atomic_dir
 from nvfp4stack.families.resolve import cache_root, config_json_path, with_num_layers
+from nvfp4stack.io_atomic import atomic_dir
 from nvfp4stack.plan.groups import load_config_json
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",

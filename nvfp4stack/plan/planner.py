@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Iterable
 
 from nvfp4stack.arch import Arch
-from nvfp4stack.kernels.base import backends_with
-from nvfp4stack.kernels.select import BackendError, Selection, select_backend
 from nvfp4stack.families.contract import TensorGroup
 from nvfp4stack.families.family import ModelFamily
 from nvfp4stack.families.roles import SupportsRoles
+from nvfp4stack.kernels.base import backends_with
+from nvfp4stack.kernels.select import BackendError, Selection, select_backend
 from nvfp4stack.plan.memory import Layout, group_bytes, shard_factor
 from nvfp4stack.plan.roles import ROLES
 from nvfp4stack.plan.rules import PrecisionRule, first_match, unmatched_target

@@ -9,7 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 SCRIPT = Path(__file__).resolve().parents[2] / "nvfp4stack" / "bundle" / "gpu_host.sh"
 
 

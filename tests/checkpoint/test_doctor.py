@@ -12,10 +12,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from nvfp4stack.doctor import diagnose
-from tests.support.doctor_faults import (copy_with_edit, edit_config, remove_tensor, rename_tensor,
-                                                 replace_tensor, tiny_dsv4_layouts, vllm_ready_config)
 from nvfp4stack.checkpoint.safetensors_io import INDEX_NAME, ShardedReader, save_sharded
+from nvfp4stack.doctor import diagnose
+from tests.support.doctor_faults import (
+    copy_with_edit,
+    edit_config,
+    remove_tensor,
+    rename_tensor,
+    replace_tensor,
+    tiny_dsv4_layouts,
+    vllm_ready_config,
+)
 
 EXPERT = "layers.1.ffn.experts.3.w1"
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from nvfp4stack.cli import compose_config
 from nvfp4stack.doctor.plan import check_plan_agreement, claimed_scheme, modelopt_quant_config
 from nvfp4stack.doctor.report import DoctorReport
-from nvfp4stack.cli import compose_config
 from nvfp4stack.plan.build import plan_for_config
 from nvfp4stack.schemes import Scheme
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nvfp4stack.models.deepseek_v4 import layouts as L
 from nvfp4stack.checkpoint.safetensors_io import ShardedReader
+from nvfp4stack.models.deepseek_v4 import layouts as L
 from nvfp4stack.models.deepseek_v4.tiny import layout_dir
 
 

@@ -6,9 +6,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from nvfp4stack.checkpoint.safetensors_io import INDEX_NAME, ShardedReader, ShardWriter, file_sha256, save_sharded
 from tests.support.numerics_data import fresh_seed
-from nvfp4stack.checkpoint.safetensors_io import (INDEX_NAME, ShardedReader, ShardWriter, file_sha256,
-                                                  save_sharded)
 
 
 @pytest.fixture

@@ -23,8 +23,8 @@ def loaded_model(ckpt: str, overrides: str, seed: str | None = None):
     from nvfp4stack.models.deepseek_v4.vllm_cpu_shims import force_no_amx_if_asked
 
     force_no_amx_if_asked()
-    import vllm.v1.worker.cpu.shm  # noqa: F401  (vLLM's CPU worker imports it first)
     import torch
+    import vllm.v1.worker.cpu.shm  # noqa: F401  (vLLM's CPU worker imports it first)
     from vllm.config import set_current_vllm_config
     from vllm.engine.arg_utils import EngineArgs
     from vllm.model_executor.model_loader import get_model_loader

@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.amx import amx_run_skip_reason, mode_comparison_skip_reason
-from tests.support.doctor_faults import (edit_config, remove_tensor, rename_tensor, tiny_dsv4_layouts,
-                                                 vllm_ready_config)
 from nvfp4stack.models.deepseek_v4.load_check import STAND_IN_FP8_BLOCK_KERNEL, run_load_check, vllm_importable
+from tests.support.amx import amx_run_skip_reason, mode_comparison_skip_reason
+from tests.support.doctor_faults import edit_config, remove_tensor, rename_tensor, tiny_dsv4_layouts, vllm_ready_config
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not vllm_importable(), reason="vLLM is not installed")]

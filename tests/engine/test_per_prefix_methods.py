@@ -23,8 +23,9 @@ def _modelopt_cfg(bf16_layers):
 @pytest.fixture(scope="module")
 def registered():
     pytest.importorskip("vllm")
-    from nvfp4stack.engine.plugin import register
     from vllm.model_executor.layers.quantization import get_quantization_config
+
+    from nvfp4stack.engine.plugin import register
 
     assert register() is True
     return get_quantization_config("nvfp4stack")

@@ -22,9 +22,9 @@ from nvfp4stack.convert.mxfp4_to_nvfp4 import Mxfp4ToNvfp4
 from nvfp4stack.convert.w13_shared_global_scale import W13SharedGlobalScale
 from nvfp4stack.engine.args import server_argv
 from nvfp4stack.engine.plan_section import engine_plan_for
+from nvfp4stack.families.resolve import with_num_layers
 from nvfp4stack.models.deepseek_v4.load_check import vllm_importable
 from nvfp4stack.models.deepseek_v4.synthetic import release_stream
-from nvfp4stack.families.resolve import with_num_layers
 from nvfp4stack.tasks.serve import resolve_checkpoint
 from tests.support.doctor_faults import tiny_dsv4_layouts
 

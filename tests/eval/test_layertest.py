@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from nvfp4stack.cli import compose_config
+from nvfp4stack.eval.metrics import SQNR_CAP_DB, compare
+from nvfp4stack.eval.precision import bf16_checkpoint_dir, eval_precision
 from nvfp4stack.eval.prompts import eval_token_ids
 from nvfp4stack.models.deepseek_v4.capture import activation_amax, capture, experts_modules
 from nvfp4stack.models.deepseek_v4.layertest import experts_metrics, layertest, role_summary
-from nvfp4stack.eval.metrics import SQNR_CAP_DB, compare
-from nvfp4stack.eval.precision import bf16_checkpoint_dir, eval_precision
 
 ROOT = Path(__file__).resolve().parents[2]
 

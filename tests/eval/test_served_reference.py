@@ -13,9 +13,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from nvfp4stack.models.deepseek_v4.layouts import hf_to_native
 from nvfp4stack.checkpoint.safetensors_io import ShardedReader
 from nvfp4stack.eval import served_reference as sr
+from nvfp4stack.models.deepseek_v4.layouts import hf_to_native
 from nvfp4stack.quantize.report import dequantize_group
 from nvfp4stack.schemes import Scheme
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from nvfp4stack.checkpoint.safetensors_io import ShardedReader
-from nvfp4stack.eval.weights import PlannedWeights
 from nvfp4stack.eval.emulate import emulate_weight
+from nvfp4stack.eval.weights import PlannedWeights
 from nvfp4stack.models.deepseek_v4.tiny import layout_dir
 from nvfp4stack.quantize.report import dequantize_group
 from nvfp4stack.schemes import Scheme

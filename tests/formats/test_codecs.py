@@ -10,11 +10,11 @@ from nvfp4stack.checkpoint.safetensors_io import ShardedReader
 from nvfp4stack.doctor.files import by_group, read_checkpoint, sniff
 from nvfp4stack.doctor.report import DoctorReport
 from nvfp4stack.eval.emulate import emulate_weight
+from nvfp4stack.families.contract import TensorGroup
 from nvfp4stack.formats.codec import CODECS, Entry, detect, group_suffixes, load_codecs
 from nvfp4stack.formats.fp8_block import dequantize_fp8_block, quantize_fp8_block
 from nvfp4stack.formats.mxfp4 import dequantize_mxfp4, quantize_mxfp4
 from nvfp4stack.formats.nvfp4 import dequantize_nvfp4, quantize_nvfp4
-from nvfp4stack.families.contract import TensorGroup
 from nvfp4stack.plan.groups import group_name, sniff_scheme
 from nvfp4stack.plan.memory import group_bytes
 from nvfp4stack.plan.planner import PlanError, converter_for

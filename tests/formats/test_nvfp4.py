@@ -6,8 +6,7 @@ from modelopt.torch.quantization.qtensor.nvfp4_tensor import NVFP4QTensor
 from vllm.model_executor.layers.quantization.utils.nvfp4_emulation_utils import dequantize_to_dtype
 
 from nvfp4stack.formats.e2m1 import unpack_e2m1
-from nvfp4stack.formats.nvfp4 import (Nvfp4Tensor, dequantize_nvfp4, quantize_nvfp4,
-                                      quantize_nvfp4_activation)
+from nvfp4stack.formats.nvfp4 import Nvfp4Tensor, dequantize_nvfp4, quantize_nvfp4, quantize_nvfp4_activation
 
 
 def modelopt_quantize(x, gs=None):

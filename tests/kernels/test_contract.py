@@ -12,8 +12,14 @@ import torch
 from nvfp4stack.arch import resolve
 from nvfp4stack.formats.nvfp4 import quantize_nvfp4
 from nvfp4stack.kernels.base import (
-    LINEAR_BACKENDS, MOE_BACKENDS, Capabilities, MoeWeights, RunnableLinearBackend, RunnableMoeBackend,
-    backends_with, load_backends,
+    LINEAR_BACKENDS,
+    MOE_BACKENDS,
+    Capabilities,
+    MoeWeights,
+    RunnableLinearBackend,
+    RunnableMoeBackend,
+    backends_with,
+    load_backends,
 )
 from nvfp4stack.kernels.vllm_backend import VllmBackend
 from nvfp4stack.plan.planner import PlanError, check_moe_fp8_prefill, fp8_prefill_kernels

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from nvfp4stack.doctor.report import DoctorReport
-from nvfp4stack.models.deepseek_v4.doctor_config import REQUIRED, check_config
 from nvfp4stack.models import DESCRIPTORS
+from nvfp4stack.models.deepseek_v4.doctor_config import REQUIRED, check_config
 
 DSV4 = sorted(p for p in DESCRIPTORS.glob("*.json") if json.loads(p.read_text()).get("model_type") == "deepseek_v4")
 _TYPES = {0: "sliding_attention", 4: "compressed_sparse_attention", 128: "heavily_compressed_attention"}

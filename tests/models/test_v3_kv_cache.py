@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from nvfp4stack.models.deepseek_v3.kv_cache import mla_cache_lines, mla_latent_elements
 from nvfp4stack.families.registry import get_family
+from nvfp4stack.models.deepseek_v3.kv_cache import mla_cache_lines, mla_latent_elements
 
 VLLM = Path(torch.__file__).parent.parent / "vllm"
 # DeepSeek-V3's own MLA sizes (config.json of the release): 61 layers, one MTP layer

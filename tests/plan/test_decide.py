@@ -3,9 +3,9 @@ import pytest
 
 from nvfp4stack.arch import resolve
 from nvfp4stack.config import BackendConfig
-from nvfp4stack.kernels.select import BackendError
 from nvfp4stack.families.contract import TensorGroup
 from nvfp4stack.families.registry import get_family
+from nvfp4stack.kernels.select import BackendError
 from nvfp4stack.plan.planner import PlanError, decide
 from nvfp4stack.schemes import Scheme
 

@@ -16,8 +16,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from nvfp4stack.models.deepseek_v4.kv_cache import dsv4_layer_specs
 from nvfp4stack.models import DESCRIPTORS
+from nvfp4stack.models.deepseek_v4.kv_cache import dsv4_layer_specs
 from nvfp4stack.plan.kv_cache import format_kv_report, kv_cache_report, nothing_fits
 from nvfp4stack.plan.kv_pool import KVLayerSpec, in_flight_tokens, packed_pool, pool_capacity
 

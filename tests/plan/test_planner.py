@@ -8,14 +8,13 @@ from nvfp4stack.arch import resolve
 from nvfp4stack.config import GROUP_PRECISIONS, BackendConfig, PrecisionConfig
 from nvfp4stack.families.registry import get_family
 from nvfp4stack.kernels.select import BackendError
-from nvfp4stack.models.deepseek_v4.spec import dsv4_tensor_groups
 from nvfp4stack.models import DESCRIPTORS
+from nvfp4stack.models.deepseek_v4.spec import dsv4_tensor_groups
 from nvfp4stack.models.deepseek_v4.spec import source_scheme as source_scheme_dsv4
 from nvfp4stack.plan.memory import Layout
 from nvfp4stack.plan.planner import PlanError, build_plan
 from nvfp4stack.plan.rules import PrecisionRule
 from nvfp4stack.schemes import Scheme
-
 
 AttnPrecision, IndexerPrecision = GROUP_PRECISIONS["attn"], GROUP_PRECISIONS["indexer"]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from nvfp4stack.cli import compose_config
-from nvfp4stack.models.deepseek_v4.tiny import layout_dir
 from nvfp4stack.models.deepseek_v4.quantize import cast_activation_target
+from nvfp4stack.models.deepseek_v4.tiny import layout_dir
 
 
 def _target(root, *overrides, quantize_mtp=False):

@@ -7,11 +7,11 @@ import random
 import pytest
 import torch
 
-from tests.support import modelopt_dsv4_spec as spec
 from nvfp4stack.checkpoint.safetensors_io import ShardedReader
-from nvfp4stack.models.deepseek_v4.tiny import layout_dir
 from nvfp4stack.models.deepseek_v4 import calib_state as cs
 from nvfp4stack.models.deepseek_v4.export import CalibratedExperts, export_dsv4
+from nvfp4stack.models.deepseek_v4.tiny import layout_dir
+from tests.support import modelopt_dsv4_spec as spec
 
 
 @pytest.fixture(scope="module")

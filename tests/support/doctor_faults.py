@@ -81,8 +81,8 @@ def tiny_dsv4_layouts(cache_dir: str | Path, seed: int = 0) -> dict[str, Path]:
     seeded per-expert activation amax (no calibration run: the load check tests names, shapes and
     dtypes); ``cast`` (MXFP4 -> NVFP4, ``CastExperts``) is added when its converters are registered.
     """
-    from nvfp4stack.models.deepseek_v4.tiny import build_tiny_dsv4
     from nvfp4stack.models.deepseek_v4.export import EXPERT_WEIGHT, CalibratedExperts, export_dsv4
+    from nvfp4stack.models.deepseek_v4.tiny import build_tiny_dsv4
 
     root = build_tiny_dsv4(cache_dir, seed=seed)
     out = {name: root / name for name in ("bf16", "release", "hf")}

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.amx import amx_run_skip_reason
-from tests.support.doctor_faults import remove_tensor, tiny_dsv4_layouts, vllm_ready_config
 from nvfp4stack.config import ModelConfig, RootConfig
 from nvfp4stack.models.deepseek_v4.load_check import vllm_importable
+from tests.support.amx import amx_run_skip_reason
+from tests.support.doctor_faults import remove_tensor, tiny_dsv4_layouts, vllm_ready_config
 
 ROOT = Path(__file__).resolve().parents[2]
 REMOVED = "layers.1.ffn.experts.3.w1.weight_scale"

@@ -8,12 +8,12 @@ import shutil
 import pytest
 import torch
 
-from tests.support import modelopt_dsv4_spec as spec
 from nvfp4stack.checkpoint.safetensors_io import ShardedReader
 from nvfp4stack.config import ModelConfig, RootConfig
 from nvfp4stack.models.deepseek_v4.tiny import layout_dir
 from nvfp4stack.quantize.config import QuantizeConfig
 from nvfp4stack.tasks import quantize as task
+from tests.support import modelopt_dsv4_spec as spec
 
 pytestmark = pytest.mark.slow  # one modelopt calibration (~40 s on 2 cores) shared by the module
 
@@ -237,8 +237,12 @@ def test_vllm_own_dsv4_loader_fills_every_parameter(root, modelopt_run):
     end of loading) on layouts (a), (b) and the modelopt-DSV4 export. Runs the host's own CPU path
     (without AMX the load check's stand-in FP8 block kernel; tests/engine/test_dsv4_load_check.py
     runs both paths)."""
-    from nvfp4stack.models.deepseek_v4.load_check import (STAND_IN_FP8_BLOCK_KERNEL, host_has_amx, run_load_check,
-                                                   vllm_importable)
+    from nvfp4stack.models.deepseek_v4.load_check import (
+        STAND_IN_FP8_BLOCK_KERNEL,
+        host_has_amx,
+        run_load_check,
+        vllm_importable,
+    )
 
     if not vllm_importable():
         pytest.skip("vllm is not installed in this environment")

@@ -4,10 +4,10 @@ One server start covers: model list, completion, chat completion, streaming, 32 
 requests, greedy tokens + logprobs identical (fp32, tolerance below) to transformers' forward of
 the same NVFP4 experts, and a clean Ctrl-C shutdown with no process left behind.
 """
-import re
 import concurrent.futures
 import json
 import random
+import re
 import shlex
 import signal
 import socket

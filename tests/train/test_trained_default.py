@@ -71,8 +71,8 @@ def default_model(trained_default) -> Path:
 
 @pytest.mark.slow
 def test_heldout_perplexity_goal(default_model):
-    from nvfp4stack.train.config import TrainConfig
     from nvfp4stack.train.cache import read_manifest
+    from nvfp4stack.train.config import TrainConfig
 
     m = read_manifest(default_model)
     assert m["train"] == TrainConfig().resolved("tiny_v3").key(), "the cached default is not the default budget"

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from nvfp4stack.models.deepseek_v3.tiny import TinyV3Spec, ensure_tiny_v3, ensure_trained_tiny_v3
 from nvfp4stack.families.registry import train_budget
+from nvfp4stack.models.deepseek_v3.tiny import TinyV3Spec, ensure_tiny_v3, ensure_trained_tiny_v3
 from nvfp4stack.train.config import TrainConfig
 from nvfp4stack.train.loop import lr_at
 

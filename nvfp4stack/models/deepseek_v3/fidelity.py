@@ -24,8 +24,8 @@ def tiny_v3_e2e(cfg, batches_for) -> tuple[dict, dict]:
 
     from nvfp4stack.engine.plan_section import engine_plan_for
     from nvfp4stack.eval.e2e import compare_models
-    from nvfp4stack.models.deepseek_v3.tiny import TinyV3Spec, ensure_tiny_v3, reference_model
     from nvfp4stack.models.deepseek_v3.serve import tiny_v3_checkpoint
+    from nvfp4stack.models.deepseek_v3.tiny import TinyV3Spec, ensure_tiny_v3, reference_model
 
     if cfg.model.factory != "tiny_v3" or cfg.model.path:
         raise ValueError(f"eval.level=e2e for model.family=deepseek_v3: expected model.factory=tiny_v3 (the trained "

@@ -30,8 +30,8 @@ def export_nvfp4(cfg, src: Path, out: Path, bf16_layers: list[int]) -> Path:
 def run(cfg) -> int:
     import json
 
-    from nvfp4stack.families.resolve import model_dir
     from nvfp4stack.engine.plan_section import engine_plan_for
+    from nvfp4stack.families.resolve import model_dir
 
     q = cfg.quantize
     if q.method != "modelopt":

@@ -14,7 +14,6 @@ from pathlib import Path
 
 from nvfp4stack.models.tiny_build import check_spec, ensure_built, seeded_init, tiny_model_dir
 
-
 # Bump when what a spec builds changes (tokenizer, init): part of both cache stamps (spec_dict).
 # 2: the tokenizer's docstring corpus is read in a fresh interpreter (no longer import-order dependent).
 SPEC_VERSION = 2
@@ -137,9 +136,9 @@ def ensure_tiny_v3(cache_dir: str | os.PathLike, spec: TinyV3Spec = TinyV3Spec()
 def ensure_trained_tiny_v3(cache_dir: str | os.PathLike, spec: TinyV3Spec = TinyV3Spec(),
                            train=None) -> tuple[Path, bool]:
     """(the trained model dir of :func:`ensure_tiny_v3`, whether this call trained it; False: cached)."""
-    from nvfp4stack.train.config import TrainConfig
     from nvfp4stack.models.deepseek_v3.train import train_tiny_v3
     from nvfp4stack.train.cache import key_digest, train_key
+    from nvfp4stack.train.config import TrainConfig
 
     default = TrainConfig().resolved("tiny_v3")
     cfg = (train or default).resolved("tiny_v3")

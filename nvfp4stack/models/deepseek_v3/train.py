@@ -7,11 +7,10 @@ from pathlib import Path
 
 import torch
 
-from nvfp4stack.train.cache import (MANIFEST, STAMP, announce, finish_manifest, print_summary, train_key)
+from nvfp4stack.train.cache import MANIFEST, STAMP, announce, finish_manifest, print_summary, train_key
 from nvfp4stack.train.config import TrainConfig
 from nvfp4stack.train.data import corpus_streams
 from nvfp4stack.train.loop import train_loop
-
 
 
 def train_tiny_v3(out_dir: str | Path, spec, cfg: TrainConfig) -> Path:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import re
 from collections import Counter, defaultdict
 
+from nvfp4stack.checkpoint.safetensors_io import TensorInfo
 from nvfp4stack.doctor.files import by_group, sniff
 from nvfp4stack.doctor.report import DoctorReport
-from nvfp4stack.checkpoint.safetensors_io import TensorInfo
 from nvfp4stack.models.deepseek_v4.spec import TensorGroup, dsv4_tensor_groups
 from nvfp4stack.plan.groups import group_name
 from nvfp4stack.schemes import Scheme

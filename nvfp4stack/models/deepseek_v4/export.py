@@ -19,7 +19,6 @@ from pathlib import Path
 
 import torch
 
-from nvfp4stack.models.deepseek_v4.config_fixups import moe_nvfp4
 from nvfp4stack.checkpoint.safetensors_io import (
     INDEX_NAME,
     ShardedReader,
@@ -29,6 +28,7 @@ from nvfp4stack.checkpoint.safetensors_io import (
 from nvfp4stack.formats.mxfp4 import as_ue8m0_bytes, dequantize_mxfp4
 from nvfp4stack.formats.nvfp4 import GLOBAL_DIVISOR, quantize_nvfp4
 from nvfp4stack.io_atomic import atomic_dir
+from nvfp4stack.models.deepseek_v4.config_fixups import moe_nvfp4
 
 EXPERT_WEIGHT = re.compile(r"^(?P<block>(?:mtp\.\d+|layers\.\d+))\.ffn\.experts\.(?P<eid>\d+)\.(?P<proj>w[123])\.weight$")
 NVFP4_SUFFIXES = (".weight", ".weight_scale", ".weight_scale_2", ".input_scale")

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nvfp4stack.models.deepseek_v3.family import MLA_ATTN_PATTERNS, nextn_predict_layers
 from nvfp4stack.families.family import ModelFamily
+from nvfp4stack.models.deepseek_v3.family import MLA_ATTN_PATTERNS, nextn_predict_layers
 
 WO_A = "attn.wo_a"
 
@@ -119,9 +119,7 @@ class DeepseekV4Family(ModelFamily):
         return dsv4_layer_specs(hf, kv_dtype, block_size, mtp_layers)
 
     def served_config(self, src_config: dict, groups: list) -> dict | None:
-        from nvfp4stack.models.deepseek_v4.config_fixups import served_config
-
-        from nvfp4stack.models.deepseek_v4.config_fixups import FP8_CONFIG_LINEAR_ROLES
+        from nvfp4stack.models.deepseek_v4.config_fixups import FP8_CONFIG_LINEAR_ROLES, served_config
         from nvfp4stack.schemes import Scheme
 
         stored = {g.name: g.source if g.target is Scheme.PASSTHROUGH else g.target for g in groups}

@@ -23,15 +23,15 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from nvfp4stack.models.deepseek_v4.layouts import native_expert_name
-from nvfp4stack.models.deepseek_v4.capture import Captures, expert_act_amax, experts_modules, weight_modules
+from nvfp4stack.arch import KNOWN_ARCHS, detect
+from nvfp4stack.eval.emulate import fake_quant_act
 from nvfp4stack.eval.metrics import compare
 from nvfp4stack.eval.precision import EvalPrecision
-from nvfp4stack.arch import KNOWN_ARCHS, detect
 from nvfp4stack.formats.nvfp4 import GLOBAL_DIVISOR, fake_quantize_nvfp4_activation
 from nvfp4stack.kernels.base import MOE_BACKENDS, MoeWeights, RunnableMoeBackend, load_backends
 from nvfp4stack.kernels.moe.hopper_w4a16.torch_twin import dequantize_expert
-from nvfp4stack.eval.emulate import fake_quant_act
+from nvfp4stack.models.deepseek_v4.capture import Captures, expert_act_amax, experts_modules, weight_modules
+from nvfp4stack.models.deepseek_v4.layouts import native_expert_name
 from nvfp4stack.schemes import Scheme
 
 _W = ("w1", "w2", "w3")

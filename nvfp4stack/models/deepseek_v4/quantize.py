@@ -53,8 +53,8 @@ def _export_hf_unified(source: Path, out: Path, q) -> dict:
     import torch
     from modelopt.torch.export import export_hf_checkpoint
 
-    from nvfp4stack.models.deepseek_v4.config_fixups import topk_method_noaux_tc
     from nvfp4stack.models.deepseek_v4.calibrate import calibrate_dsv4
+    from nvfp4stack.models.deepseek_v4.config_fixups import topk_method_noaux_tc
     from nvfp4stack.quantize.modelopt_ptq import TOKENIZER_FILES
 
     amax, stats, model = calibrate_dsv4(source, samples=q.calib_samples, seq_len=q.calib_seq_len,

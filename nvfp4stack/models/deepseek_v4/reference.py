@@ -82,7 +82,10 @@ def apply_emulated_precision(model, scheme_for: Callable[[str], Scheme], *, act_
         native group -> scheme applied.
     """
     from transformers.models.deepseek_v4.modeling_deepseek_v4 import (
-        DeepseekV4Experts, DeepseekV4HashRouter, DeepseekV4TopKRouter)
+        DeepseekV4Experts,
+        DeepseekV4HashRouter,
+        DeepseekV4TopKRouter,
+    )
 
     input_amax = input_amax or {}
     applied: dict[str, Scheme] = {}

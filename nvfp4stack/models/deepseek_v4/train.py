@@ -7,12 +7,19 @@ from pathlib import Path
 
 import torch
 
-from nvfp4stack.train.cache import (MANIFEST, STAMP, announce, file_sha256, finish_manifest, key_digest,
-                                    print_summary, train_key)
+from nvfp4stack.train.cache import (
+    MANIFEST,
+    STAMP,
+    announce,
+    file_sha256,
+    finish_manifest,
+    key_digest,
+    print_summary,
+    train_key,
+)
 from nvfp4stack.train.config import TrainConfig
 from nvfp4stack.train.data import corpus_streams
 from nvfp4stack.train.loop import train_loop
-
 
 
 def train_tiny_dsv4(cache_dir: str | Path, cfg: TrainConfig, seed: int = 0) -> Path:
@@ -36,12 +43,17 @@ def ensure_trained_tiny_dsv4(cache_dir: str | Path, cfg: TrainConfig, seed: int 
     from safetensors.torch import load_file
     from transformers import AutoTokenizer
 
-    from nvfp4stack.models.deepseek_v4.layouts import hf_state_to_native
+    from nvfp4stack.families.registry import role_of
     from nvfp4stack.io_atomic import atomic_dir
+    from nvfp4stack.models.deepseek_v4.layouts import hf_state_to_native
     from nvfp4stack.models.deepseek_v4.reference import load_reference
     from nvfp4stack.models.deepseek_v4.tiny import (
-        SPEC_VERSION, TINY_DSV4_ARCH, build_tiny_dsv4, on_mxfp4_grid, write_layouts)
-    from nvfp4stack.families.registry import role_of
+        SPEC_VERSION,
+        TINY_DSV4_ARCH,
+        build_tiny_dsv4,
+        on_mxfp4_grid,
+        write_layouts,
+    )
 
     cfg = cfg.resolved("tiny_dsv4")
     cache_dir = Path(cache_dir)

@@ -5,7 +5,10 @@ import pytest
 import torch
 
 from nvfp4stack.kernels.moe.hopper_w4a16.routing import (
-    align_by_expert, align_split, max_padded_slots, split_padded_slots,
+    align_by_expert,
+    align_split,
+    max_padded_slots,
+    split_padded_slots,
 )
 
 

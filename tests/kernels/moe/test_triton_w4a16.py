@@ -334,7 +334,12 @@ def test_tiled_layout_is_bit_identical():
     from nvfp4stack.kernels.base import MoeWeights, load_backends
     from nvfp4stack.kernels.moe.hopper_w4a16 import tiles
     from nvfp4stack.kernels.moe.hopper_w4a16.fused_moe import (
-        CANDIDATES, DECODE_CANDIDATES, decode_available, nvfp4_moe_forward_triton, pick_config, pick_decode,
+        CANDIDATES,
+        DECODE_CANDIDATES,
+        decode_available,
+        nvfp4_moe_forward_triton,
+        pick_config,
+        pick_decode,
     )
 
     g = _gen("cuda")

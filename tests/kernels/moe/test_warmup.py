@@ -77,8 +77,8 @@ def test_nothing_compiles_after_warm_up():
     from nvfp4stack.formats.nvfp4 import quantize_nvfp4
     from nvfp4stack.kernels.moe.hopper_w4a16 import fp8_prefill as fp
     from nvfp4stack.kernels.moe.hopper_w4a16.fp8_prefill import prepare_fp8_experts
-    from nvfp4stack.kernels.moe.hopper_w4a16.torch_twin import nvfp4_moe_forward
     from nvfp4stack.kernels.moe.hopper_w4a16.fused_moe import nvfp4_moe_forward_triton
+    from nvfp4stack.kernels.moe.hopper_w4a16.torch_twin import nvfp4_moe_forward
 
     seed = int.from_bytes(os.urandom(4), "little")
     print(f"seed={seed}")

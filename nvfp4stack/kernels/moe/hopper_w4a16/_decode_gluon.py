@@ -31,7 +31,13 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 # the PTX dequant (value * 2**-126 bf16 bits) of the Triton kernels, called from Gluon as is
-from nvfp4stack.kernels.moe.hopper_w4a16._triton_kernels import _block_expert, _e2m1x4_to_bf16, _w_col0, _w_cols, _w_rows
+from nvfp4stack.kernels.moe.hopper_w4a16._triton_kernels import (
+    _block_expert,
+    _e2m1x4_to_bf16,
+    _w_col0,
+    _w_cols,
+    _w_rows,
+)
 
 # tiles carry value * scale * 2**-8 (as in _triton_kernels); the epilogue multiplies it back
 _TILE_UNSCALE = gl.constexpr(256.0)

@@ -22,8 +22,18 @@ import torch
 from nvfp4stack.kernels.moe.hopper_w4a16 import tiles
 from nvfp4stack.kernels.moe.hopper_w4a16.routing_triton import align_routing, align_routing_split
 from nvfp4stack.kernels.moe.hopper_w4a16.tile_choice import (  # noqa: F401  (the tile choice, re-exported)
-    CANDIDATES, DECODE_CANDIDATES, DECODE_MAX_ROWS_PER_EXPERT, DIAG, DecodeConfig, TileConfig, decode_available,
-    decode_pair, pick_config, pick_decode, pick_tiles)
+    CANDIDATES,
+    DECODE_CANDIDATES,
+    DECODE_MAX_ROWS_PER_EXPERT,
+    DIAG,
+    DecodeConfig,
+    TileConfig,
+    decode_available,
+    decode_pair,
+    pick_config,
+    pick_decode,
+    pick_tiles,
+)
 from nvfp4stack.kernels.moe.hopper_w4a16.torch_twin import check_moe_args
 
 if TYPE_CHECKING:

@@ -16,7 +16,12 @@ from __future__ import annotations
 import torch
 
 from nvfp4stack.kernels.moe.hopper_w4a16.routing import (
-    AlignedRouting, Split, align_by_expert, align_split, max_padded_slots, split_padded_slots,
+    AlignedRouting,
+    Split,
+    align_by_expert,
+    align_split,
+    max_padded_slots,
+    split_padded_slots,
 )
 
 MAX_SLOTS = 8192

@@ -19,10 +19,13 @@ import torch
 
 from nvfp4stack.formats.nvfp4 import Nvfp4Tensor
 from nvfp4stack.kernels.moe.hopper_w4a16 import fp8_prefill
-from nvfp4stack.kernels.moe.hopper_w4a16.routing_triton import MAX_SLOTS
 from nvfp4stack.kernels.moe.hopper_w4a16.fused_moe import (
-    decode_available, nvfp4_moe_forward_triton, pick_tiles, routed_rows_per_expert,
+    decode_available,
+    nvfp4_moe_forward_triton,
+    pick_tiles,
+    routed_rows_per_expert,
 )
+from nvfp4stack.kernels.moe.hopper_w4a16.routing_triton import MAX_SLOTS
 
 log = logging.getLogger(__name__)
 

@@ -101,7 +101,12 @@ def test_output_is_the_dequantized_checkpoint_times_x(run, release):
     for module in ran:
         x, got = out[f"{module}.x"], out[f"{module}.ours"]
         assert got.dtype == x.dtype == torch.bfloat16 and got.abs().max() > 0, module
-        assert torch.equal(got, emulated_linear(x, _checkpoint_weight(release, module))), module
+        want = emulated_linear(x, _checkpoint_weight(release, module))
+        # The child's fp32 GEMM sums in an order set by its thread count, which the suite's other tests
+        # can change: a rare output lands across a bf16 rounding boundary, one ulp (2^-8 relative) away.
+        ulp = want.float().abs().clamp_min(2.0 ** -126) * 2.0 ** -7
+        assert ((got.float() - want.float()).abs() <= ulp).all(), module
+        assert (got == want).float().mean() >= 0.99, module
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ from vllm.model_executor.layers.quantization.fp8 import Fp8LinearMethod
 
 from nvfp4stack.formats.fp8_block import Fp8BlockTensor
 from nvfp4stack.formats.mxfp4 import as_ue8m0_bytes
-from nvfp4stack.kernels.base import LINEAR_BACKENDS, RunnableLinearBackend
+from nvfp4stack.kernels.base import LINEAR_BACKENDS, RunnableLinearBackend, runnable_backend
 from nvfp4stack.schemes import Scheme
 
 log = logging.getLogger("vllm.nvfp4stack")  # under vLLM's logger: its handlers, in the server log
@@ -27,13 +27,7 @@ _PREPARED: dict[str, tuple] = {}
 
 def runnable_linear_backend(kernel: str, prefix: str) -> type[RunnableLinearBackend]:
     """The registered linear backend ``kernel``, which must be one nvfp4stack runs (prepare/apply)."""
-    backend = LINEAR_BACKENDS.get(kernel)
-    if not issubclass(backend, RunnableLinearBackend):
-        ours = [n for n in LINEAR_BACKENDS.names() if issubclass(LINEAR_BACKENDS.get(n), RunnableLinearBackend)]
-        raise ValueError(f"{prefix}: linear backend {kernel!r} is run by vLLM (--linear-backend "
-                         f"{backend.capabilities.vllm_flag}), not by nvfp4stack's linear method; expected one of "
-                         f"{', '.join(ours)}. Fix: plan the linear on one of those, or leave it to vLLM's method")
-    return backend
+    return runnable_backend("linear", kernel, prefix, "plan the linear on one of those, or leave it to vLLM's method")
 
 
 def _op_key(prefix: str) -> str:

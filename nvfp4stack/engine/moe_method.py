@@ -19,7 +19,7 @@ from vllm.model_executor.layers.quantization.modelopt import ModelOptNvFp4FusedM
 
 from nvfp4stack.engine.compat import engine_token_budget, triton_jit_hook_suspended
 from nvfp4stack.formats.nvfp4 import Nvfp4Tensor
-from nvfp4stack.kernels.base import MOE_BACKENDS, MoeWeights, RunnableMoeBackend
+from nvfp4stack.kernels.base import MOE_BACKENDS, MoeWeights, RunnableMoeBackend, runnable_backend
 from nvfp4stack.schemes import Scheme
 
 log = logging.getLogger("vllm.nvfp4stack")  # under vLLM's logger: its handlers, in the server log
@@ -52,14 +52,8 @@ def local_routing(expert_map: torch.Tensor, topk_weights: torch.Tensor, topk_ids
 
 def runnable_moe_backend(kernel: str, prefix: str) -> type[RunnableMoeBackend]:
     """The registered MoE backend ``kernel``, which must be one nvfp4stack runs (prepare/apply)."""
-    backend = MOE_BACKENDS.get(kernel)
-    if not issubclass(backend, RunnableMoeBackend):
-        ours = [n for n in MOE_BACKENDS.names() if issubclass(MOE_BACKENDS.get(n), RunnableMoeBackend)]
-        raise ValueError(f"{prefix}: MoE backend {kernel!r} is run by vLLM (--moe-backend "
-                         f"{backend.capabilities.vllm_flag}), not by nvfp4stack's MoE method; expected one of "
-                         f"{', '.join(ours)}. Fix: plan the routed experts on one of those, or leave the layer "
-                         "to vLLM's method")
-    return backend
+    return runnable_backend("moe", kernel, prefix,
+                            "plan the routed experts on one of those, or leave the layer to vLLM's method")
 
 
 @torch.library.custom_op("nvfp4stack::moe_forward", mutates_args=())

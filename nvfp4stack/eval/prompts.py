@@ -6,7 +6,7 @@ import torch
 
 def eval_token_ids(tokenizer, num_prompts: int, max_tokens: int, seed: int) -> list[torch.Tensor]:
     """``num_prompts`` bundled texts (stdlib docstrings, seeded order), each cut to ``max_tokens`` tokens."""
-    from nvfp4stack.models.corpus import calibration_texts
+    from nvfp4stack.corpus import calibration_texts
 
     if max_tokens < 2:
         raise ValueError(f"eval.max_tokens={max_tokens}: expected >= 2 (next-token metrics need two tokens); "

@@ -194,6 +194,21 @@ def registry_for(kind: str) -> Registry:
     return {"moe": MOE_BACKENDS, "linear": LINEAR_BACKENDS}[kind]
 
 
+def runnable_backend(kind: str, kernel: str, prefix: str, fix: str) -> type[KernelBackend]:
+    """The registered ``kind`` backend ``kernel``, which must be one nvfp4stack runs (prepare/apply);
+    else a refusal naming the layer, the vLLM flag that runs it and the ones nvfp4stack runs."""
+    runnable = {"moe": RunnableMoeBackend, "linear": RunnableLinearBackend}[kind]
+    reg = registry_for(kind)
+    backend = reg.get(kernel)
+    if not issubclass(backend, runnable):
+        label = {"moe": "MoE", "linear": "linear"}[kind]
+        ours = [n for n in reg.names() if issubclass(reg.get(n), runnable)]
+        raise ValueError(f"{prefix}: {label} backend {kernel!r} is run by vLLM (--{kind}-backend "
+                         f"{backend.capabilities.vllm_flag}), not by nvfp4stack's {label} method; expected one of "
+                         f"{', '.join(ours)}. Fix: {fix}")
+    return backend
+
+
 def load_backends() -> None:
     """Import every backend module, which registers it; none imports anything heavy at module level."""
     import nvfp4stack.kernels.linear  # noqa: F401

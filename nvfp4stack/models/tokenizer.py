@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from nvfp4stack.corpus import calibration_texts, corpus_size
 from nvfp4stack.io_atomic import atomic_dir
-from nvfp4stack.models.corpus import calibration_texts, corpus_size
 
 BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
 ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>")

@@ -14,8 +14,8 @@ from typing import Callable
 
 from nvfp4stack.checkpoint.safetensors_io import check_inside
 from nvfp4stack.checkpoint.side_files import copy_side_files, side_files
+from nvfp4stack.corpus import calibration_texts
 from nvfp4stack.io_atomic import atomic_dir
-from nvfp4stack.models.corpus import calibration_texts
 
 # The modelopt config names this module accepts (attributes of modelopt.torch.quantization).
 MODELOPT_CONFIGS = ("NVFP4_DEFAULT_CFG", "NVFP4_EXPERTS_ONLY_CFG", "NVFP4_MLP_ONLY_CFG")

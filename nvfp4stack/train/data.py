@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nvfp4stack.models.corpus import training_texts
+from nvfp4stack.corpus import training_texts
 from nvfp4stack.train.config import TrainConfig
 
 DATA_VERSION = 1  # bump when the corpus or its formatting changes: it is part of the cache key

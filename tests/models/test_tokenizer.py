@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from nvfp4stack.models.corpus import calibration_texts, corpus_size
+from nvfp4stack.corpus import calibration_texts, corpus_size
 from nvfp4stack.models.tokenizer import BOS, EOS, train_tokenizer
 
 

@@ -131,7 +131,7 @@ def check_matches_reference(client, model, run_dir):
     import torch
     from transformers import AutoTokenizer
 
-    from nvfp4stack.models.corpus import calibration_texts
+    from nvfp4stack.corpus import calibration_texts
     from nvfp4stack.models.deepseek_v3.tiny import reference_model
 
     cache = CACHE / "tiny_v3"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from nvfp4stack.models.corpus import corpus_words, normalize_word
+from nvfp4stack.corpus import corpus_words, normalize_word
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path("~/.cache/nvfp4stack").expanduser()

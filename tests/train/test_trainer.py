@@ -101,7 +101,7 @@ def test_schedule_warms_up_then_decays_to_the_floor():
 
 
 def test_split_is_by_text_disjoint_and_seeded():
-    from nvfp4stack.models.corpus import training_texts
+    from nvfp4stack.corpus import training_texts
     from nvfp4stack.train.data import split_texts
 
     texts = training_texts()

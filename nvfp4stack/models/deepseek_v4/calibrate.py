@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from nvfp4stack.models.corpus import calibration_texts
+from nvfp4stack.corpus import calibration_texts
 from nvfp4stack.models.deepseek_v4.calib_state import native_amax_from_snapshot
 
 QUANT_CFG = "NVFP4_EXPERTS_ONLY_CFG"  # routed experts W4A4 NVFP4; shared experts, gate, attention off

@@ -67,8 +67,8 @@ def _all_docstrings() -> tuple[str, ...]:
     from pathlib import Path
 
     code = ("import json, sys; sys.path.insert(0, sys.argv[1]); "
-            "from nvfp4stack.models.corpus import _collect_docstrings; json.dump(_collect_docstrings(), sys.stdout)")
-    root = str(Path(__file__).resolve().parents[2])
+            "from nvfp4stack.corpus import _collect_docstrings; json.dump(_collect_docstrings(), sys.stdout)")
+    root = str(Path(__file__).resolve().parents[1])
     cmd = [sys.executable, "-I", "-S", "-c", code, root]
     what = f"corpus: reading the stdlib docstrings in a fresh interpreter ({sys.executable} -I -S)"
     try:

@@ -5,6 +5,9 @@
 #   tp2   engine.tp=2            ours (triton_w4a16, GPUs 0,1) next to stock (marlin, GPUs 2,3)
 #   ep    engine.tp=2 engine.ep=true, the same pairs (caches warm from tp2)
 #   tp4   ours alone on GPUs 0-3: TP4 + EP with the MTP draft, batches 1, 32, 256
+#   ref   who is right where ours and stock part: REF_LAYERS (default 8) layers, one GPU each, ours
+#         (GPU 0), stock (GPU 1) and the fp32 torch_emulation MoE, eager (GPU 2), greedy and teacher-forced
+#         only; prints ours and stock each against the reference
 # A phase starts only while DEADLINE (epoch seconds) is at least PHASE_S (default 600) away.
 # Writes into FLASH_OUT (default /tmp/flash): serve logs, JSON, and pairs.log, the progress. On the
 # device host: copy the tree to /tmp/repo (each call re-sends the working tree), start
@@ -66,7 +69,25 @@ for p in $PHASES; do
         srv "$t" stop
         log "phase tp4 done"
         ;;
-    *) log "unknown phase $p (valid: tp2 ep tp4)" ;;
+    ref)
+        r0="CUDA_VISIBLE_DEVICES=0 PORT=8021 MOE=triton_w4a16 TP=1 LAYERS=${REF_LAYERS:-8} CACHE=/tmp/cache-ours TAG=ours-ref"
+        r1="CUDA_VISIBLE_DEVICES=1 PORT=8022 MOE=marlin TP=1 LAYERS=${REF_LAYERS:-8} CACHE=/tmp/cache-stock TAG=stock-ref"
+        r2="CUDA_VISIBLE_DEVICES=2 PORT=8023 MOE=torch_emulation TP=1 LAYERS=${REF_LAYERS:-8} EAGER=true CACHE=/tmp/cache-ref TAG=fp32-ref"
+        for s in "$r0" "$r1" "$r2"; do srv "$s" start | tee -a "$OUT/pairs.log"; done
+        for s in "$r0" "$r1" "$r2"; do srv "$s" wait >> "$OUT/pairs.log" 2>&1 & done
+        wait
+        for s in "$r0" "$r1" "$r2"; do
+            env $s BATCHES=1 ROUNDS=1 PREFILL=0 ROUND=-r1 ACTION=measure bash "$S" >> "$OUT/pairs.log" 2>&1 \
+                || log "client failed: ${s##*TAG=}"
+        done
+        for who in ours stock; do
+            log "$who against the fp32 reference MoE"
+            python3 bench/dsv4_flash_run.py compare "$OUT/fp32-ref-r1.json" "$OUT/$who-ref-r1.json" >> "$OUT/pairs.log" 2>&1
+        done
+        for s in "$r0" "$r1" "$r2"; do srv "$s" stop; done
+        log "phase ref done"
+        ;;
+    *) log "unknown phase $p (valid: tp2 ep tp4 ref)" ;;
     esac
 done
 log "all done"

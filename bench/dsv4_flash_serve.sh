@@ -6,7 +6,8 @@
 # (README "Running on an offline GPU host"). CUDA graphs are captured for CAPTURE's sizes only
 # (DeepSeek-V4's TileLang kernels compile per captured size: vLLM's 51 default sizes took over 7 minutes
 # on a cold H200). CACHE=<dir> gives the server its own compile caches (TileLang, DeepGEMM, Triton,
-# vLLM's torch.compile), so two servers started side by side each start cold and never race.
+# vLLM's torch.compile), so two servers started side by side each start cold and never race. EAGER=true
+# runs without CUDA graphs (MOE=torch_emulation, the fp32 reference MoE, syncs with the host).
 #
 # ACTION (default all = start, wait, measure, stop):
 #   start    launches `main.py serve` in its own process session (outlives the device call), returns
@@ -51,7 +52,8 @@ start() {
         engine.max_model_len=4096 engine.gpu_memory_utilization="${GPU_UTIL:-0.85}" engine.port="$PORT" \
         engine.max_num_seqs="${MAX_SEQS:-32}" \
         "engine.compilation_config='{\"cudagraph_capture_sizes\":[${CAPTURE:-1,2,4,8,16,32}]}'" \
-        engine.ready_timeout_s="$READY_TIMEOUT_S" backend.moe="$MOE" "run_dir=$RUNS/$TAG" serve \
+        engine.ready_timeout_s="$READY_TIMEOUT_S" engine.enforce_eager="${EAGER:-false}" backend.moe="$MOE" \
+        "run_dir=$RUNS/$TAG" serve \
         > "$OUT/$TAG.serve.log" 2>&1 < /dev/null &
     echo $! > "$pidfile"
     echo "$TAG: started (pid $!, port $PORT, GPUs ${CUDA_VISIBLE_DEVICES:-all})"

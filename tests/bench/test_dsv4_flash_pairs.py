@@ -1,4 +1,4 @@
-"""bench/dsv4_flash_pairs.sh (issue #34's four-GPU visit) on stand-ins: a fake `main.py serve` that
+"""bench/dsv4_flash_pairs.sh (issue #34's four-GPU visit; phases tp2, ep and ref) on stand-ins: a fake `main.py serve` that
 says "engine ready" and waits for Ctrl-C, a fake client and nvidia-smi. Checks the orchestration the
 GPU time depends on: both servers of a pair start on their own GPUs, ports and caches; clients run
 ours, stock, stock, ours; every server is stopped; nothing is written into the device tool's $OUT."""
@@ -27,11 +27,14 @@ while True:
 '''
 
 FAKE_CLIENT = r'''
-import json, sys
+import json, os, runpy, sys
+if sys.argv[1:2] == ["compare"]:   # the real comparison, on the stand-in runs' JSON
+    runpy.run_path(os.environ["REAL_CLIENT"], run_name="__main__")
 args = sys.argv[1:]
 out = args[args.index("--json") + 1]
 print("client", args[args.index("--base-url") + 1], flush=True)
-json.dump({"decode": {}}, open(out, "w"))
+json.dump({"greedy": [{"prompt_len": 1, "token_ids": [7, 8], "tokens": None, "logprobs": [-1.0, -2.0]}],
+           "teacher_forced": [{"prompt_len": 2, "own_logprob": [-1.5], "top1": [7]}], "decode": {}}, open(out, "w"))
 '''
 
 
@@ -53,13 +56,14 @@ def test_pairs_start_side_by_side_measure_abba_and_stop(tmp_path):
     device_out.mkdir()
     flash = tmp_path / "flash"
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SITE": str(tmp_path),
-           "OUT": str(device_out), "FLASH_OUT": str(flash), "PHASES": "tp2 ep", "READY_TIMEOUT_S": "60"}
+           "OUT": str(device_out), "FLASH_OUT": str(flash), "PHASES": "tp2 ep ref", "READY_TIMEOUT_S": "60",
+           "REAL_CLIENT": str(ROOT / "bench" / "dsv4_flash_run.py")}
     r = subprocess.run(["bash", "bench/dsv4_flash_pairs.sh"], cwd=tree, env=env, capture_output=True, text=True,
                        timeout=240)
     log = (flash / "pairs.log").read_text()
     assert r.returncode == 0, r.stderr + log
     assert list(device_out.iterdir()) == []
-    measured = [line.split("measure ")[1] for line in log.splitlines() if "] measure " in line]
+    measured = [line.split("measure ")[1] for line in log.splitlines() if "] measure " in line]   # pairs only
     assert measured == ["ours-tp2 round 1", "stock-tp2 round 1", "stock-tp2 round 2", "ours-tp2 round 2",
                         "ours-ep round 1", "stock-ep round 1", "stock-ep round 2", "ours-ep round 2"]
     assert "ours-tp2: ready after" in log and "stock-ep: ready after" in log and "all done" in log
@@ -70,6 +74,12 @@ def test_pairs_start_side_by_side_measure_abba_and_stop(tmp_path):
     assert "backend.moe=marlin" in stock and "| GPUs 2,3 " in stock and "cache-stock/tilelang" in stock
     assert "engine.port=8011" in ours and "engine.port=8012" in stock
     assert sorted(p.name for p in flash.glob("*.json")) == sorted(
-        f"{who}-{phase}-r{n}.json" for who in ("ours", "stock") for phase in ("tp2", "ep") for n in (1, 2))
+        [f"{who}-{phase}-r{n}.json" for who in ("ours", "stock") for phase in ("tp2", "ep") for n in (1, 2)]
+        + ["ours-ref-r1.json", "stock-ref-r1.json", "fp32-ref-r1.json"])
+    ref = (flash / "fp32-ref.serve.log").read_text()
+    assert all(k in ref for k in ("backend.moe=torch_emulation", "engine.enforce_eager=true", "model.num_layers=8",
+                                  "engine.tp=1", "| GPUs 2 "))
+    assert "ours against the fp32 reference MoE" in log and "stock against the fp32 reference MoE" in log
+    assert log.count("teacher-forced, 1 positions: top-1 token equal at 1 (100.0%)") == 2
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert str(flash / "runs") not in ps   # every server stopped

@@ -28,29 +28,46 @@ time_left() {
     [ $(( DEADLINE - $(date +%s) )) -ge "${PHASE_S:-600}" ] || { log "skip $1: under ${PHASE_S:-600} s to the deadline"; return 1; }
 }
 
+tag() { echo "${1##*TAG=}"; }   # TAG= is the last word of a server's settings
+
+up() {   # start every server given, wait for all of them together; READY: the settings of those that answer
+    local s
+    READY=()
+    for s in "$@"; do srv "$s" start | tee -a "$OUT/pairs.log"; done
+    for s in "$@"; do srv "$s" wait > "$OUT/$(tag "$s").wait" 2>&1 & done
+    wait
+    for s in "$@"; do
+        cat "$OUT/$(tag "$s").wait" >> "$OUT/pairs.log"
+        grep -q "ready after .*: yes" "$OUT/$(tag "$s").wait" && READY+=("$s")
+    done
+}
+
+down() { local s; for s in "$@"; do srv "$s" stop; done; }
+
+is_ready() { local s; for s in "${READY[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
+
+measure() {   # $1 a server's settings, $2 the round; more VAR=value words go to the client
+    local s=$1 r=$2
+    shift 2
+    env $s "$@" ROUND="-r$r" ACTION=measure bash "$S" >> "$OUT/pairs.log" 2>&1 || log "client failed: $(tag "$s")"
+}
+
 pair() {   # $1 phase name, $2 EP
     local phase=$1 ep=$2 o who
     local a="CUDA_VISIBLE_DEVICES=0,1 PORT=8011 MOE=triton_w4a16 TP=2 EP=$ep CACHE=/tmp/cache-ours TAG=ours-$phase"
     local b="CUDA_VISIBLE_DEVICES=2,3 PORT=8012 MOE=marlin TP=2 EP=$ep CACHE=/tmp/cache-stock TAG=stock-$phase"
-    srv "$a" start | tee -a "$OUT/pairs.log"
-    srv "$b" start | tee -a "$OUT/pairs.log"
-    srv "$a" wait > "$OUT/ours-$phase.wait" 2>&1 &
-    srv "$b" wait > "$OUT/stock-$phase.wait" 2>&1 &
-    wait
-    cat "$OUT/ours-$phase.wait" "$OUT/stock-$phase.wait" >> "$OUT/pairs.log"
-    local ready_a ready_b
-    ready_a=$(grep -c "ready after .*: yes" "$OUT/ours-$phase.wait") ready_b=$(grep -c "ready after .*: yes" "$OUT/stock-$phase.wait")
+    up "$a" "$b"
     local order=()
-    [ "$ready_a" = 1 ] && order+=("a 1")
-    [ "$ready_b" = 1 ] && order+=("b 1" "b 2")
-    [ "$ready_a" = 1 ] && order+=("a 2")
+    is_ready "$a" && order+=("a 1")
+    is_ready "$b" && order+=("b 1" "b 2")
+    is_ready "$a" && order+=("a 2")
     for o in "${order[@]}"; do
         who=$a; [ "${o% *}" = b ] && who=$b
-        log "measure ${who##*TAG=} round ${o#* }"
-        env $who ROUND="-r${o#* }" ACTION=measure bash "$S" >> "$OUT/pairs.log" 2>&1 || log "client failed: ${who##*TAG=}"
+        log "measure $(tag "$who") round ${o#* }"
+        measure "$who" "${o#* }"
     done
     nvidia-smi --query-gpu=index,memory.used --format=csv,noheader >> "$OUT/pairs.log"
-    srv "$a" stop; srv "$b" stop
+    down "$a" "$b"
     log "phase $phase done"
 }
 
@@ -62,29 +79,22 @@ for p in $PHASES; do
     ep) pair ep true ;;
     tp4)
         t="CUDA_VISIBLE_DEVICES=0,1,2,3 PORT=8013 MOE=triton_w4a16 TP=4 EP=true MTP=true CACHE=/tmp/cache-ours TAG=ours-tp4"
-        srv "$t" start | tee -a "$OUT/pairs.log"
-        if srv "$t" wait >> "$OUT/pairs.log" 2>&1; then
-            env $t BATCHES=1,32,256 ROUND=-r1 ACTION=measure bash "$S" >> "$OUT/pairs.log" 2>&1 || log "client failed: tp4"
-        fi
-        srv "$t" stop
+        up "$t"
+        is_ready "$t" && measure "$t" 1 BATCHES=1,32,256
+        down "$t"
         log "phase tp4 done"
         ;;
     ref)
         r0="CUDA_VISIBLE_DEVICES=0 PORT=8021 MOE=triton_w4a16 TP=1 LAYERS=${REF_LAYERS:-8} CACHE=/tmp/cache-ours TAG=ours-ref"
         r1="CUDA_VISIBLE_DEVICES=1 PORT=8022 MOE=marlin TP=1 LAYERS=${REF_LAYERS:-8} CACHE=/tmp/cache-stock TAG=stock-ref"
         r2="CUDA_VISIBLE_DEVICES=2 PORT=8023 MOE=torch_emulation TP=1 LAYERS=${REF_LAYERS:-8} EAGER=true CACHE=/tmp/cache-ref TAG=fp32-ref"
-        for s in "$r0" "$r1" "$r2"; do srv "$s" start | tee -a "$OUT/pairs.log"; done
-        for s in "$r0" "$r1" "$r2"; do srv "$s" wait >> "$OUT/pairs.log" 2>&1 & done
-        wait
-        for s in "$r0" "$r1" "$r2"; do
-            env $s BATCHES=1 ROUNDS=1 PREFILL=0 ROUND=-r1 ACTION=measure bash "$S" >> "$OUT/pairs.log" 2>&1 \
-                || log "client failed: ${s##*TAG=}"
-        done
+        up "$r0" "$r1" "$r2"
+        for s in "$r0" "$r1" "$r2"; do measure "$s" 1 BATCHES=1 ROUNDS=1 PREFILL=0; done
         for who in ours stock; do
             log "$who against the fp32 reference MoE"
             python3 bench/dsv4_flash_run.py compare "$OUT/fp32-ref-r1.json" "$OUT/$who-ref-r1.json" >> "$OUT/pairs.log" 2>&1
         done
-        for s in "$r0" "$r1" "$r2"; do srv "$s" stop; done
+        down "$r0" "$r1" "$r2"
         log "phase ref done"
         ;;
     *) log "unknown phase $p (valid: tp2 ep tp4 ref)" ;;

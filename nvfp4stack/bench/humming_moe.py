@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from nvfp4stack.bench.marlin_moe import expert_shapes
 from nvfp4stack.formats.nvfp4 import Nvfp4Tensor
 from nvfp4stack.kernels.moe.hopper_w4a16.fused_moe import global_scale_per_expert  # [E] fp32, checked
 
@@ -67,11 +68,7 @@ def _vllm_context():
 def prepare(w13: Nvfp4Tensor, w2: Nvfp4Tensor, top_k: int, max_tokens: int) -> HummingExperts:
     """w13 [E, 2I, H] (gate rows then up rows) and w2 [E, H, I], prepared as vLLM prepares a ModelOpt
     NVFP4 MoE layer for moe_backend=humming."""
-    experts, two_i, hidden = w13.shape
-    if tuple(w2.shape) != (experts, hidden, two_i // 2):
-        raise ValueError(f"humming_moe: w2 shape {tuple(w2.shape)}, expected {(experts, hidden, two_i // 2)} "
-                         f"for w13 {tuple(w13.shape)}; w2 must be [experts, hidden, w13 rows / 2] (gate and up "
-                         "rows stacked in w13)")
+    experts, two_i, hidden = expert_shapes(w13, w2, "humming_moe")
     from vllm.model_executor.layers.fused_moe.activation import MoEActivation
     from vllm.model_executor.layers.fused_moe.config import (
         FusedMoEConfig,

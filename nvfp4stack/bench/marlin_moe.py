@@ -52,13 +52,20 @@ class MarlinExperts:
     workspace: torch.Tensor
 
 
-def prepare(w13: Nvfp4Tensor, w2: Nvfp4Tensor) -> MarlinExperts:
-    """w13 [E, 2I, H] (gate rows then up rows) and w2 [E, H, I] as vLLM's Marlin backend loads them."""
+def expert_shapes(w13: Nvfp4Tensor, w2: Nvfp4Tensor, who: str) -> tuple[int, int, int]:
+    """(experts, 2I, hidden) of w13 [E, 2I, H] (gate rows then up rows), once w2 is checked to be the
+    matching [E, H, I]; ``who`` names the baseline in the refusal."""
     experts, two_i, hidden = w13.shape
     if tuple(w2.shape) != (experts, hidden, two_i // 2):
-        raise ValueError(f"marlin_moe: w2 shape {tuple(w2.shape)}, expected {(experts, hidden, two_i // 2)} "
+        raise ValueError(f"{who}: w2 shape {tuple(w2.shape)}, expected {(experts, hidden, two_i // 2)} "
                          f"for w13 {tuple(w13.shape)}; w2 must be [experts, hidden, w13 rows / 2] (gate and up "
                          "rows stacked in w13)")
+    return experts, two_i, hidden
+
+
+def prepare(w13: Nvfp4Tensor, w2: Nvfp4Tensor) -> MarlinExperts:
+    """w13 [E, 2I, H] (gate rows then up rows) and w2 [E, H, I] as vLLM's Marlin backend loads them."""
+    experts, two_i, hidden = expert_shapes(w13, w2, "marlin_moe")
     from vllm.model_executor.layers.quantization.utils.marlin_utils_fp4 import prepare_nvfp4_moe_layer_for_marlin
 
     layer = SimpleNamespace(num_experts=experts, hidden_size=hidden, intermediate_size_per_partition=two_i // 2,

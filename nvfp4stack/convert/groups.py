@@ -59,12 +59,15 @@ def fp8_scale_key(t: dict, name: str) -> str:
                    f"found {sorted(t)}")
 
 
-def fp8_from_group(t: dict, name: str) -> Fp8BlockTensor:
+def fp8_from_group(t: dict, name: str, block: tuple[int, int] = (128, 128)) -> Fp8BlockTensor:
+    """The FP8 block group's stored tensors (weight + its scale, under either name) as one typed
+    tensor of views: UE8M0 scales as their bytes, fp32 ones as float."""
     require(t, ("weight",), name, "FP8 block")
-    scale = t[fp8_scale_key(t, name)]
+    key = fp8_scale_key(t, name)
+    scale = t[key]
     ue8m0 = scale.dtype in (torch.uint8, torch.float8_e8m0fnu)
-    scale = as_ue8m0_bytes(scale, f"{name}.scale") if ue8m0 else scale.float()
-    return Fp8BlockTensor(t["weight"], scale, ue8m0, tuple(t["weight"].shape))
+    scale = as_ue8m0_bytes(scale, f"{name}.{key}") if ue8m0 else scale.float()
+    return Fp8BlockTensor(t["weight"], scale, ue8m0, tuple(t["weight"].shape), tuple(block))
 
 
 def fp8_to_group(q: Fp8BlockTensor, scale_key: str = "scale") -> dict:

@@ -14,8 +14,8 @@ import logging
 import torch
 from vllm.model_executor.layers.quantization.fp8 import Fp8LinearMethod
 
+from nvfp4stack.convert.groups import fp8_from_group
 from nvfp4stack.formats.fp8_block import Fp8BlockTensor
-from nvfp4stack.formats.mxfp4 import as_ue8m0_bytes
 from nvfp4stack.kernels.base import LINEAR_BACKENDS, RunnableLinearBackend, runnable_backend
 from nvfp4stack.schemes import Scheme
 
@@ -98,10 +98,8 @@ class Nvfp4StackFp8BlockLinear(Fp8LinearMethod):
     def typed_weight(self, layer) -> Fp8BlockTensor:
         """The loaded parameters as one Fp8BlockTensor [sum N, K] (this rank's shard), views only:
         merged projections stack whole blocks (vLLM checks each part but the last is a multiple of bn)."""
-        scale = layer.weight_scale_inv.data
-        ue8m0 = scale.dtype == torch.float8_e8m0fnu
-        scale = as_ue8m0_bytes(scale, f"{self.prefix}.weight_scale_inv") if ue8m0 else scale.float()
-        return Fp8BlockTensor(layer.weight.data, scale, ue8m0, tuple(layer.weight.shape), tuple(self.weight_block_size))
+        return fp8_from_group({"weight": layer.weight.data, "weight_scale_inv": layer.weight_scale_inv.data},
+                              self.prefix, self.weight_block_size)
 
     def process_weights_after_loading(self, layer) -> None:
         weight = self.typed_weight(layer)

@@ -7,7 +7,8 @@
 #   tp4   ours alone on GPUs 0-3: TP4 + EP with the MTP draft, batches 1, 32, 256
 #   ref   who is right where ours and stock part: REF_LAYERS (default 8) layers, one GPU each, ours
 #         (GPU 0), stock (GPU 1) and the fp32 torch_emulation MoE, eager (GPU 2), greedy and teacher-forced
-#         only; prints ours and stock each against the reference
+#         only; prints ours and stock each against the reference. REF_GPUS="0 0 0" runs the three in turn on
+#         one GPU (a one-GPU host)
 # A phase starts only while DEADLINE (epoch seconds) is at least PHASE_S (default 600) away.
 # Writes into FLASH_OUT (default /tmp/flash): serve logs, JSON, and pairs.log, the progress. On the
 # device host: copy the tree to /tmp/repo (each call re-sends the working tree), start
@@ -85,16 +86,31 @@ for p in $PHASES; do
         log "phase tp4 done"
         ;;
     ref)
-        r0="CUDA_VISIBLE_DEVICES=0 PORT=8021 MOE=triton_w4a16 TP=1 LAYERS=${REF_LAYERS:-8} CACHE=/tmp/cache-ours TAG=ours-ref"
-        r1="CUDA_VISIBLE_DEVICES=1 PORT=8022 MOE=marlin TP=1 LAYERS=${REF_LAYERS:-8} CACHE=/tmp/cache-stock TAG=stock-ref"
-        r2="CUDA_VISIBLE_DEVICES=2 PORT=8023 MOE=torch_emulation TP=1 LAYERS=${REF_LAYERS:-8} EAGER=true CACHE=/tmp/cache-ref TAG=fp32-ref"
-        up "$r0" "$r1" "$r2"
-        for s in "$r0" "$r1" "$r2"; do measure "$s" 1 BATCHES=1 ROUNDS=1 PREFILL=0; done
+        read -r g0 g1 g2 <<< "${REF_GPUS:-0 1 2}"
+        together=true c0=/tmp/cache-ours c1=/tmp/cache-stock c2=/tmp/cache-ref
+        # one GPU for all three (REF_GPUS="0 0 0"): in turn, sharing one compile cache, never two vLLM
+        # memory profiles on one GPU at once
+        [ "$g0" = "$g1" ] && [ "$g1" = "$g2" ] && together=false c0=/tmp/cache-ref c1=/tmp/cache-ref
+        r0="CUDA_VISIBLE_DEVICES=$g0 PORT=8021 MOE=triton_w4a16 TP=1 LAYERS=${REF_LAYERS:-8} CACHE=$c0 TAG=ours-ref"
+        r1="CUDA_VISIBLE_DEVICES=$g1 PORT=8022 MOE=marlin TP=1 LAYERS=${REF_LAYERS:-8} CACHE=$c1 TAG=stock-ref"
+        r2="CUDA_VISIBLE_DEVICES=$g2 PORT=8023 MOE=torch_emulation TP=1 LAYERS=${REF_LAYERS:-8} EAGER=true CACHE=$c2 TAG=fp32-ref"
+        if $together; then
+            up "$r0" "$r1" "$r2"
+            for s in "$r0" "$r1" "$r2"; do is_ready "$s" && measure "$s" 1 BATCHES=1 ROUNDS=1 PREFILL=0; done
+            down "$r0" "$r1" "$r2"
+        else
+            for s in "$r0" "$r1" "$r2"; do
+                up "$s"
+                is_ready "$s" && measure "$s" 1 BATCHES=1 ROUNDS=1 PREFILL=0
+                down "$s"
+            done
+        fi
         for who in ours stock; do
             log "$who against the fp32 reference MoE"
             python3 bench/dsv4_flash_run.py compare "$OUT/fp32-ref-r1.json" "$OUT/$who-ref-r1.json" >> "$OUT/pairs.log" 2>&1
         done
-        down "$r0" "$r1" "$r2"
+        log "ours against stock"
+        python3 bench/dsv4_flash_run.py compare "$OUT/stock-ref-r1.json" "$OUT/ours-ref-r1.json" >> "$OUT/pairs.log" 2>&1
         log "phase ref done"
         ;;
     *) log "unknown phase $p (valid: tp2 ep tp4 ref)" ;;

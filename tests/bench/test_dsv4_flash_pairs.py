@@ -38,8 +38,8 @@ json.dump({"greedy": [{"prompt_len": 1, "token_ids": [7, 8], "tokens": None, "lo
 '''
 
 
-@pytest.mark.skipif(shutil.which("setsid") is None, reason="needs setsid (util-linux)")
-def test_pairs_start_side_by_side_measure_abba_and_stop(tmp_path):
+def _run_pairs(tmp_path, phases: str, **extra: str):
+    """The orchestrator on stand-ins; returns (result, FLASH_OUT, the device tool's $OUT)."""
     tree = tmp_path / "tree"
     (tree / "bench").mkdir(parents=True)
     (tree / "nvfp4stack" / "bundle").mkdir(parents=True)
@@ -56,10 +56,16 @@ def test_pairs_start_side_by_side_measure_abba_and_stop(tmp_path):
     device_out.mkdir()
     flash = tmp_path / "flash"
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SITE": str(tmp_path),
-           "OUT": str(device_out), "FLASH_OUT": str(flash), "PHASES": "tp2 ep ref", "READY_TIMEOUT_S": "60",
-           "REAL_CLIENT": str(ROOT / "bench" / "dsv4_flash_run.py")}
+           "OUT": str(device_out), "FLASH_OUT": str(flash), "PHASES": phases, "READY_TIMEOUT_S": "60",
+           "REAL_CLIENT": str(ROOT / "bench" / "dsv4_flash_run.py"), **extra}
     r = subprocess.run(["bash", "bench/dsv4_flash_pairs.sh"], cwd=tree, env=env, capture_output=True, text=True,
                        timeout=240)
+    return r, flash, device_out
+
+
+@pytest.mark.skipif(shutil.which("setsid") is None, reason="needs setsid (util-linux)")
+def test_pairs_start_side_by_side_measure_abba_and_stop(tmp_path):
+    r, flash, device_out = _run_pairs(tmp_path, "tp2 ep ref")
     log = (flash / "pairs.log").read_text()
     assert r.returncode == 0, r.stderr + log
     assert list(device_out.iterdir()) == []
@@ -80,6 +86,28 @@ def test_pairs_start_side_by_side_measure_abba_and_stop(tmp_path):
     assert all(k in ref for k in ("backend.moe=torch_emulation", "engine.enforce_eager=true", "model.num_layers=8",
                                   "engine.tp=1", "| GPUs 2 "))
     assert "ours against the fp32 reference MoE" in log and "stock against the fp32 reference MoE" in log
-    assert log.count("teacher-forced, 1 positions: top-1 token equal at 1 (100.0%)") == 2
+    assert "ours against stock" in log
+    assert log.count("teacher-forced, 1 positions: top-1 token equal at 1 (100.0%)") == 3
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert str(flash / "runs") not in ps   # every server stopped
+
+
+@pytest.mark.skipif(shutil.which("setsid") is None, reason="needs setsid (util-linux)")
+def test_ref_on_one_gpu_runs_the_three_servers_in_turn(tmp_path):
+    """REF_GPUS="0 0 0" (a one-GPU host): each server is stopped before the next one starts, all on GPU 0,
+    sharing one compile cache, and the three comparisons are printed."""
+    r, flash, device_out = _run_pairs(tmp_path, "ref", REF_GPUS="0 0 0")
+    log = (flash / "pairs.log").read_text()
+    assert r.returncode == 0, r.stderr + log
+    assert list(device_out.iterdir()) == []
+    events = [line.split("] ", 1)[1] if "] " in line else line for line in log.splitlines()
+              if ": started (pid" in line or ": ready after" in line]
+    tags = [e.split(":")[0] for e in events]
+    assert tags == ["ours-ref", "ours-ref", "stock-ref", "stock-ref", "fp32-ref", "fp32-ref"], events
+    for tag in ("ours-ref", "stock-ref", "fp32-ref"):
+        served = (flash / f"{tag}.serve.log").read_text()
+        assert "| GPUs 0 " in served and "cache-ref/tilelang" in served
+    assert log.count("teacher-forced, 1 positions: top-1 token equal at 1 (100.0%)") == 3
+    assert "phase ref done" in log and "all done" in log
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert str(flash / "runs") not in ps

@@ -28,6 +28,16 @@ from nvfp4stack.bench.cold_l2 import cold_time_us, flush_buffer
 from nvfp4stack.bench.moe_kernel import SHAPES, _bf16_pipeline, _short, _time_ms, dequant_all, random_nvfp4_experts
 from nvfp4stack.kernels.moe.hopper_w4a16.torch_twin import nvfp4_moe_forward
 
+# Nominal HBM bandwidth (TB/s) by the name torch gives the device, most specific first: the datasheet
+# figure the issue's "% of HBM peak" is taken against (H200 SXM 4.8 TB/s, H100 SXM 3.35, H100 PCIe 2.0).
+HBM_PEAK_TBS = (("H200", 4.8), ("H100 NVL", 3.9), ("H100 PCIe", 2.0), ("H100", 3.35), ("H20", 4.0),
+                ("B200", 8.0), ("GB200", 8.0), ("A100-SXM4-80GB", 2.04), ("A100", 1.56))
+
+
+def hbm_peak_tbs(device_name: str) -> float | None:
+    """The nominal HBM bandwidth of ``device_name`` (TB/s), or None for a GPU this table does not know."""
+    return next((tbs for key, tbs in HBM_PEAK_TBS if key in device_name), None)
+
 
 def routing(tokens: int, experts: int, top_k: int, kind: str, gen: torch.Generator, device) -> torch.Tensor:
     """[tokens, top_k] distinct experts per token: uniform, or Zipf (exponent 1.1) over experts."""
@@ -95,7 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     w2 = random_nvfp4_experts(e, hidden, inter, dev, gen)
     w13t, w2t = dequant_all(w13).transpose(1, 2), dequant_all(w2).transpose(1, 2)
     per_expert_bytes = sum((t.data[0].numel() + t.scale[0].numel()) for t in (w13, w2))
-    print(f"{a.shape} {hidden}x{inter}, {e} experts, top-{k}, seed={seed}, {torch.cuda.get_device_name()}")
+    peak = hbm_peak_tbs(torch.cuda.get_device_name())
+    print(f"{a.shape} {hidden}x{inter}, {e} experts, top-{k}, seed={seed}, {torch.cuda.get_device_name()}, "
+          f"HBM peak {'unknown (no % column)' if peak is None else f'{peak} TB/s (nominal)'}")
     cands = [c for c in tw.DECODE_CANDIDATES if c[0].fits(hidden, inter)] if a.sweep else []
     if a.layout == "auto":  # what our kernels read in the engine: triton_w4a16's prepare on this GPU
         prepared = TritonW4A16Moe.prepare(MoeWeights(w13, w2))
@@ -185,7 +197,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"{t_marlin * 1e3:.1f}", f"{t_marlin / t_heur:.2f}x", f"{err_marlin:.1e}")
             humming_cells = ("", "", "") if t_humming is None else (
                 f"{t_humming * 1e3:.1f}", f"{t_humming / t_heur:.2f}x", f"{err_humming:.1e}")
-            row = (kind, tokens, tokens * k / e, f"{active} / {busiest}", t_heur * 1e3, nbytes / t_heur / 1e9, f"{err:.1e}",
+            tbs = nbytes / t_heur / 1e9
+            row = (kind, tokens, tokens * k / e, f"{active} / {busiest}", t_heur * 1e3, tbs,
+                   "" if peak is None else f"{100 * tbs / peak:.0f}%", f"{err:.1e}",
                    t_best * 1e3, _short(best), t_bf16 * 1e3, t_bf16 / t_heur, *marlin_cells, *humming_cells)
             summary.append(row)
             print(f"  {kind:7s} T={tokens:3d} active={active:3d} picked {_short(heur)}: {t_heur * 1e3:.1f} us, "
@@ -196,13 +210,14 @@ def main(argv: list[str] | None = None) -> int:
                 marlin_err = "not run" if err_marlin is None else f"{err_marlin:.2e}"
                 humming_err = "not run" if err_humming is None else f"{err_humming:.2e}"
                 bad.append(f"{kind} T={tokens}: rel err ours {err:.2e}, marlin {marlin_err}, humming {humming_err}")
-    print("\n| routing | tokens | rows/expert | active experts / busiest rows | picked us | picked TB/s | picked rel err | best us "
+    print("\n| routing | tokens | rows/expert | active experts / busiest rows | picked us | picked TB/s | % of HBM peak | picked rel err "
+          "| best us "
           "| best tile | bf16 us | picked vs bf16 | marlin us | picked vs marlin | marlin rel err "
           "| humming us | picked vs humming | humming rel err (no clamp) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---" * 18 + "|")
     for r in summary:
-        print(f"| {r[0]} | {r[1]} | {r[2]:.1f} | {r[3]} | {r[4]:.1f} | {r[5]:.2f} | {r[6]} | {r[7]:.1f} | {r[8]} "
-              f"| {r[9]:.1f} | {r[10]:.2f}x | {r[11]} | {r[12]} | {r[13]} | {r[14]} | {r[15]} | {r[16]} |")
+        print(f"| {r[0]} | {r[1]} | {r[2]:.1f} | {r[3]} | {r[4]:.1f} | {r[5]:.2f} | {r[6]} | {r[7]} | {r[8]:.1f} | {r[9]} "
+              f"| {r[10]:.1f} | {r[11]:.2f}x | {r[12]} | {r[13]} | {r[14]} | {r[15]} | {r[16]} | {r[17]} |")
     if bad:  # a speed figure of a wrong result is no figure
         print("moe_few_tokens: relative error above 1e-2 against the fp32 twin:\n  " + "\n  ".join(bad))
         return 1

@@ -59,3 +59,12 @@ def test_rows_give_the_batch_that_reaches_each_average_and_l2_is_cold_by_default
     assert mf.parser().parse_args(["--l2", "warm"]).l2 == "warm"
     with pytest.raises(SystemExit):
         mf.parser().parse_args(["--l2", "lukewarm"])
+
+
+def test_hbm_peak_takes_the_most_specific_name():
+    """The % of HBM peak column divides by the datasheet bandwidth of the GPU torch names."""
+    assert mf.hbm_peak_tbs("NVIDIA H200") == 4.8
+    assert mf.hbm_peak_tbs("NVIDIA H100 80GB HBM3") == 3.35
+    assert mf.hbm_peak_tbs("NVIDIA H100 PCIe") == 2.0
+    assert mf.hbm_peak_tbs("NVIDIA H100 NVL") == 3.9
+    assert mf.hbm_peak_tbs("NVIDIA GeForce RTX 4090") is None

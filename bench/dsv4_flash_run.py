@@ -2,8 +2,8 @@
 
 Greedy completions of 8 prompts (token ids, 1 to 600 long, drawn from a fixed seed inside the
 tokenizer's ids), 16 tokens each with the top logprob; the same prompts scored teacher-forced
-(vLLM's `prompt_logprobs`: at every prompt position the logprob of the prompt's own next token and
-the top-1 token, so two servers are compared on the same inputs however early their greedy
+(vLLM's `prompt_logprobs`: at every prompt position the logprob of the prompt's own next token, the
+top-1 token and its margin over the runner-up, so two servers are compared on the same inputs however early their greedy
 continuations part); 2k-token prefill latency (a fresh random prompt each round, so no prefix-cache
 hit); then decode throughput at the given batch sizes (concurrent requests of --decode-tokens tokens,
 ignore_eos; one untimed round per batch size first, so JIT compiles at a new size fall outside the
@@ -60,16 +60,19 @@ def teacher_forced(base: str, model: str) -> list[dict]:
         if len(p) < 2:
             continue
         r = _post(f"{base}/completions", {"model": model, "prompt": p, "max_tokens": 1, "temperature": 0,
-                                          "prompt_logprobs": 1})
+                                          "prompt_logprobs": 2})
         rows = r["choices"][0].get("prompt_logprobs") or r.get("prompt_logprobs") or []
-        own, top1 = [], []
+        own, top1, margin = [], [], []
         for pos, row in enumerate(rows):
             if not row:
                 continue
             entries = {int(k): v for k, v in row.items()}
             own.append(entries[p[pos]]["logprob"])
+            ranked = sorted(entries.values(), key=lambda v: v["rank"])
             top1.append(min(entries, key=lambda t: entries[t]["rank"]))
-        out.append({"prompt_len": len(p), "own_logprob": own, "top1": top1})
+            # how far the top token stands above the runner-up: a smaller change flips greedy here
+            margin.append(ranked[0]["logprob"] - ranked[1]["logprob"] if len(ranked) > 1 else None)
+        out.append({"prompt_len": len(p), "own_logprob": own, "top1": top1, "margin": margin})
     return out
 
 
@@ -94,16 +97,26 @@ def compare(a_path: str, b_path: str) -> int:
         same = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), min(len(ta), len(tb)))
         print(f"greedy len {ga['prompt_len']:4d}: equal prefix {same:2d} of {len(ta)}; "
               f"first-token logprob {ga['logprobs'][0]:.3f} vs {gb['logprobs'][0]:.3f}")
-    diffs, agree, n = [], 0, 0
+    diffs, agree, n, margins, flipped = [], 0, 0, [], []
     for ta, tb in zip(a.get("teacher_forced", []), b.get("teacher_forced", [])):
         diffs += [abs(x - y) for x, y in zip(ta["own_logprob"], tb["own_logprob"])]
         agree += sum(x == y for x, y in zip(ta["top1"], tb["top1"]))
         n += min(len(ta["top1"]), len(tb["top1"]))
+        for x, y, m in zip(ta["top1"], tb["top1"], ta.get("margin") or []):
+            if m is not None:
+                margins.append(m)
+                if x != y:
+                    flipped.append(m)
     if n:
         diffs.sort()
         print(f"teacher-forced, {n} positions: top-1 token equal at {agree} ({100 * agree / n:.1f}%); "
               f"|delta logprob| of the prompt's own token: median {statistics.median(diffs):.4f}, "
               f"p90 {diffs[int(0.9 * (len(diffs) - 1))]:.4f}, max {diffs[-1]:.4f} nats")
+    if margins:   # runs recorded with the top-2 (prompt_logprobs=2)
+        print(f"first run's top-1 margin over the runner-up: median {statistics.median(margins):.4f} nats over "
+              f"{len(margins)} positions; where the top-1 tokens differ: "
+              + (f"median {statistics.median(flipped):.4f}, max {max(flipped):.4f} nats ({len(flipped)} positions)"
+                 if flipped else "none"))
     return 0
 
 

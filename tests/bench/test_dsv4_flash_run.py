@@ -38,3 +38,17 @@ def test_prompts_are_fixed_and_inside_the_token_range():
     p = mod.prompts()
     assert [len(x) for x in p] == list(mod.PROMPT_LENGTHS) and p == mod.prompts()
     assert all(300 <= t < mod.TOKEN_HI for x in p for t in x) and len({t for x in p for t in x}) > 100
+
+
+def test_compare_reports_the_reference_margin_where_top1_differs(tmp_path, capsys):
+    """Runs with top-2 margins (prompt_logprobs=2): the first run's margin, overall and where the two runs'
+    top-1 tokens differ, so a flip can be read against how close the runner-up was."""
+    a = _run([(1, [5], -1.0)], [-1.0, -2.0, -3.0, -4.0], [11, 12, 13, 14])
+    b = _run([(1, [5], -1.0)], [-1.0, -2.0, -3.0, -4.0], [11, 99, 13, 98])
+    a["teacher_forced"][0]["margin"] = [2.0, 0.125, 1.0, 0.5]
+    (tmp_path / "a.json").write_text(json.dumps(a))
+    (tmp_path / "b.json").write_text(json.dumps(b))
+    _module().compare(str(tmp_path / "a.json"), str(tmp_path / "b.json"))
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last == ("first run's top-1 margin over the runner-up: median 0.7500 nats over 4 positions; where the "
+                    "top-1 tokens differ: median 0.3125, max 0.5000 nats (2 positions)")

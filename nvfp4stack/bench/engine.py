@@ -218,6 +218,7 @@ class Bench:
     rounds: dict[str, dict[int, dict[str, float]]] = dataclasses.field(default_factory=dict)
     commands: dict[str, str] = dataclasses.field(default_factory=dict)
     starts: list[str] = dataclasses.field(default_factory=list)   # setting per server start, in order
+    left_out: dict[str, str] = dataclasses.field(default_factory=dict)   # setting -> why its server did not start
 
     @property
     def run_dir(self) -> Path:
@@ -270,16 +271,30 @@ class Bench:
         print(f"[bench engine] {s.name}: ready in {ready_s:.0f} s", flush=True)
         return (base_url, model, argv, ckpt), ready_s
 
+    def try_start(self, s: Setting, scfg, stack: contextlib.ExitStack):
+        """``start``, or (None, None) with the setting left out, one line saying why: a baseline whose
+        server cannot start (a JIT toolchain missing on the host, too little memory) must not take the
+        settings already measured with it."""
+        try:
+            return self.start(s, scfg, stack)
+        except Exception as exc:  # noqa: BLE001 - said in one line and in metrics.json; Ctrl-C still stops the run
+            first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+            self.left_out[s.name] = f"{type(exc).__name__}: {first}"
+            print(f"[bench engine] {s.name}: left out, its server did not start ({self.left_out[s.name]}); "
+                  f"its logs are under {self.setting_dir(s)}", flush=True)
+            return None, None
+
     def one_at_a_time(self) -> None:
         """A server start per (round, setting): one GPU holds one vLLM server."""
         for r, s in self.order():
             sub = self.setting_dir(s) / f"round-{r}"
             scfg = s.apply(self.cfg, self.ckpts.get(s.experts), sub, self.port(s))
-            if self.reuse(r, s, scfg):
+            if s.name in self.left_out or self.reuse(r, s, scfg):
                 continue
             with contextlib.ExitStack() as stack:
-                server, ready_s = self.start(s, scfg, stack)
-                self.measure_round(r, s, scfg, server, ready_s)
+                server, ready_s = self.try_start(s, scfg, stack)
+                if server is not None:
+                    self.measure_round(r, s, scfg, server, ready_s)
 
     def together(self) -> None:
         """Each setting's server started once (when its first round comes), all alive at once with
@@ -291,17 +306,21 @@ class Bench:
         with contextlib.ExitStack() as stack:
             for r, s in self.order():
                 scfg = scfgs[s.name]
-                if self.reuse(r, s, scfg):
+                if s.name in self.left_out or self.reuse(r, s, scfg):
                     continue
                 ready_s = None
                 if s.name not in servers:
-                    servers[s.name], ready_s = self.start(s, scfg, stack)
+                    servers[s.name], ready_s = self.try_start(s, scfg, stack)
+                    if servers[s.name] is None:
+                        continue
                 self.measure_round(r, s, scfg, servers[s.name], ready_s)
 
     def results(self) -> dict[str, dict[str, list[float]]]:
         """{setting: {metric: [value per round, in round order]}}."""
         out: dict[str, dict[str, list[float]]] = {}
         for s in self.settings:
+            if s.name in self.left_out and s.name not in self.rounds:
+                continue
             per = self.rounds.get(s.name, {})
             metrics = list(dict.fromkeys(m for r in sorted(per) for m in per[r]))
             out[s.name] = {m: [per[r][m] for r in sorted(per) if m in per[r]] for m in metrics}
@@ -327,18 +346,24 @@ def run(cfg) -> int:
           + ", ".join(f"{r + 1}:{s.name}" for r, s in bench.order()), flush=True)
     getattr(bench, b.engine_servers)()
     results = bench.results()
+    if not results:
+        why = "; ".join(f"{n}: {w}" for n, w in bench.left_out.items())
+        raise RuntimeError(f"bench=engine: no setting's server started ({why}); the serve logs are under {run_dir}")
     rows = table(results)
     spreads = spread_lines(results)
     text = format_rows(rows) + "\nspread (max-min)/median per setting: " + "; ".join(spreads)
+    if bench.left_out:
+        text += "\nleft out (server did not start): " + "; ".join(f"{n}: {w}" for n, w in bench.left_out.items())
     print(f"\nEngine benchmark (vLLM bench serve on the recipe's server, {b.engine_rounds} round(s), servers "
           f"{b.engine_servers}; cells: median [min-max] spread; speed-ups > 1 = ours faster):\n" + text)
     atomic_write_text(run_dir / "metrics.json", json.dumps(
         {"bench": "engine", "results": results,
          "summary": {n: {m: c.to_dict() for m, c in cs.items()} for n, cs in cells(results).items()},
          "rows": rows, "spread": spreads, "commands": bench.commands, "server_starts": bench.starts,
+         "left_out": bench.left_out,
          "config": {k: getattr(b, k) for k in vars(b) if k.startswith("engine_")},
          "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "device": _device(), "versions": versions()},
         indent=2, default=str))
     atomic_write_text(run_dir / "table.txt", text + "\n")
     print(f"[bench engine] wrote {run_dir / 'metrics.json'} and {run_dir / 'table.txt'}")
-    return 0
+    return 1 if bench.left_out else 0   # the table holds what ran; a setting that did not is a finding

@@ -134,6 +134,10 @@ def test_rounds_and_servers_keys_are_checked_with_the_fix():
     assert BenchConfig().engine_rounds == 3 and "humming" in BenchConfig().engine_settings
 
 
+class _Log(list):
+    fail: set
+
+
 @pytest.fixture
 def fake_servers(monkeypatch):
     """serving() and measure() stand-ins: every start and every measured round is logged; a setting's
@@ -143,11 +147,16 @@ def fake_servers(monkeypatch):
     import nvfp4stack.bench.engine as eng
     import nvfp4stack.tasks.serve as serve
 
-    log = []
+    log = _Log()
     base = {"triton_w4a16": 3000.0, "marlin": 2000.0, "bf16": 2960.0}
+    fail = set()   # settings whose server start raises (a test adds to it through log.fail)
 
     @contextlib.contextmanager
     def serving(scfg):
+        name = scfg.backend.moe if scfg.precision.routed_experts != "bf16" else "bf16"
+        if name in fail:
+            log.append(("failed start", name))
+            raise RuntimeError(f"vLLM exited before 'engine ready' (exit 1)\nTraceback ...{name}")
         log.append(("start", scfg.backend.moe if scfg.precision.routed_experts != "bf16" else "bf16",
                     scfg.engine.port, scfg.engine.gpu_memory_utilization))
         yield f"http://127.0.0.1:{scfg.engine.port}/v1", "m", 10.0 + len(log), ["python", "-m", "vllm"], Path(".")
@@ -160,6 +169,7 @@ def fake_servers(monkeypatch):
 
     monkeypatch.setattr(serve, "serving", serving)
     monkeypatch.setattr(eng, "measure", measure)
+    log.fail = fail
     return log
 
 
@@ -255,3 +265,24 @@ def test_humming_is_skipped_on_a_clamped_model_with_one_line(tmp_path, capsys):
     assert SETTINGS["humming"].clamp_refusal({"text_config": {"swiglu_limit": 7.0}}, "c.json").startswith(
         "bench.engine_settings: humming skipped: the model sets swiglu_limit=7.0 (c.json)")
     assert SETTINGS["marlin"].clamp_refusal({"swiglu_limit": 10.0}, "c.json") is None
+
+
+@pytest.mark.parametrize("servers", ["together", "one_at_a_time"])
+def test_a_server_that_does_not_start_leaves_its_setting_out_not_the_run(tmp_path, fake_servers, capsys, servers):
+    """A baseline whose server cannot start (Humming's JIT, too little memory) is left out with one line; the
+    other settings are measured in full, the table says what was left out and why, and the exit code is 1."""
+    from nvfp4stack.bench import engine
+
+    fake_servers.fail.add("marlin")
+    assert engine.run(_bench_cfg(tmp_path, f"bench.engine_servers={servers}")) == 1
+    out = capsys.readouterr().out
+    assert ("[bench engine] marlin: left out, its server did not start (RuntimeError: vLLM exited before 'engine "
+            "ready' (exit 1)); its logs are under") in out
+    assert [e for e in fake_servers if e[0] == "failed start"] == [("failed start", "marlin")]   # tried once
+    measured = [(e[1], e[2]) for e in fake_servers if e[0] == "measure"]
+    assert sorted(measured) == [("bf16", 1), ("bf16", 2), ("bf16", 3),
+                                ("triton_w4a16", 1), ("triton_w4a16", 2), ("triton_w4a16", 3)]
+    m = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert set(m["results"]) == {"triton_w4a16", "bf16"} and "marlin" in m["left_out"]
+    assert all("triton_w4a16/marlin" not in r for r in m["rows"])
+    assert "left out (server did not start): marlin: RuntimeError" in (tmp_path / "run" / "table.txt").read_text()

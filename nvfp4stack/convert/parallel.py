@@ -92,7 +92,7 @@ class _ShardRuns:
         self._lock = threading.Lock()
 
     def advance(self, pos: int, n: int) -> None:
-        with self._lock:
+        with self._lock:  # also serialises the progress bar's updates across workers
             self.counted[pos] += n
             self._advance(n)
 

@@ -19,7 +19,6 @@ import errno
 import logging
 import os
 import shutil
-import threading
 from pathlib import Path
 from typing import Mapping
 
@@ -176,14 +175,8 @@ def convert_checkpoint(src: str | Path, dst: str | Path, choose: Chooser | Mappi
     try:
         if workers > 1:
             planned = plan_shards(units, specs, start, shard_i, max_shard_bytes)
-            if planned:
-                lock = threading.Lock()
-
-                def advance(n: int) -> None:
-                    with lock:
-                        bar.update(n)
-
-                start = write_shards(planned, units, tmp, max_shard_bytes, workers, write, journal, advance,
+            if planned:  # the workers' bar updates are serialised by write_shards
+                start = write_shards(planned, units, tmp, max_shard_bytes, workers, write, journal, bar.update,
                                      in_bytes)
         with torch.inference_mode():
             for ui in range(start, len(units)):

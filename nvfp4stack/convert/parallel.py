@@ -160,18 +160,20 @@ def write_shards(shards: list[PlannedShard], units: list[Unit], tmp: Path, max_s
     futures: list[Future] = [pool.submit(runs.run, pos) for pos in range(len(shards))]
     position = {f: pos for pos, f in enumerate(futures)}
     pending, nxt, missed = set(futures), 0, None
+    written: dict[int, tuple[ShardWriter, dict] | None] = {}  # only what wait() reported: no race with .done()
     try:
         while nxt < len(shards) and missed is None:
             finished, pending = wait(pending, return_when=FIRST_COMPLETED)
             for pos in sorted(position[f] for f in finished):
-                f = futures[pos]
-                e = f.exception()
-                if e is not None and pos < runs.stop_from and not isinstance(e, _Discarded):
+                e = futures[pos].exception()
+                if e is None:
+                    written[pos] = futures[pos].result()
+                    if written[pos] is None:
+                        runs.stop(pos)
+                elif pos < runs.stop_from and not isinstance(e, _Discarded):
                     raise e
-                if e is None and f.result() is None:
-                    runs.stop(pos)
-            while nxt < runs.stop_from and futures[nxt].done():
-                writer, reports = futures[nxt].result()
+            while nxt < runs.stop_from and nxt in written:
+                writer, reports = written.pop(nxt)
                 journal(writer, shards[nxt].end, reports)
                 nxt += 1
             if nxt == runs.stop_from < len(shards):

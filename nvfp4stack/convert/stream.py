@@ -65,8 +65,9 @@ _append_journal = append_journal  # looked up at each shard close, where tests i
 
 
 def resolve_workers(workers: int) -> int:
-    """convert.workers: 0 (auto) -> one shard in flight per core, at most 8."""
-    return workers or min(8, os.cpu_count() or 1)
+    """convert.workers: 0 (auto) -> one shard in flight per two cores (each keeps about one converting
+    and one hashing), 1 to 8; on 2 cores a second shard only oversubscribes torch's threads (~25% slower)."""
+    return workers or max(1, min(8, (os.cpu_count() or 1) // 2))
 
 
 def write_unit(writer: ShardWriter, unit: Unit, reader: ShardedReader, converters: Mapping,

@@ -221,3 +221,18 @@ def test_the_pool_holds_one_unit_per_worker(src, tmp_path, monkeypatch):
     monkeypatch.setattr(stream, "write_unit", counted)
     _convert(src, tmp_path / "out", 3, max_shard_bytes=40_000)
     assert state["most"] == 3
+
+
+def test_the_task_passes_convert_workers(tmp_path, monkeypatch, closers):
+    from nvfp4stack.tasks import convert as task
+    from tests.tasks.test_convert import _src, cfg_for
+
+    monkeypatch.chdir(tmp_path)
+    _src(tmp_path, layers=6)
+    rules = ["*.experts.*=bf16_to_nvfp4", "norm=passthrough"]
+    assert task.run(cfg_for(tmp_path, rules=rules, max_shard_bytes=1500, dst="one", workers=1)) == 0
+    assert set(closers.values()) == {threading.main_thread().name}
+    closers.clear()
+    assert task.run(cfg_for(tmp_path, rules=rules, max_shard_bytes=1500, dst="three", workers=3)) == 0
+    assert len(closers) >= 3 and all(t.startswith("convert-shard") for t in closers.values())
+    assert tree_bytes(tmp_path / "three") == tree_bytes(tmp_path / "one")

@@ -19,6 +19,7 @@ class ConvertConfig:
     unknown_tensors: str = "refuse"   # refuse | keep (copied unchanged)
     max_shard_bytes: int = 4 << 30
     device: str = "auto"
+    workers: int = 0                  # shards converted at once; 0: auto, one per 2 cores, 1-8; 1: one at a time
     rules: list = field(default_factory=list)
     hf_quant_config: dict = field(default_factory=dict)
 
@@ -34,6 +35,9 @@ class ConvertConfig:
         if int(self.max_shard_bytes) <= 0:
             raise ValueError(f"convert.max_shard_bytes: expected > 0, found {self.max_shard_bytes}; "
                              "use e.g. convert.max_shard_bytes=4294967296")
+        if int(self.workers) < 0:
+            raise ValueError(f"convert.workers: expected >= 0 (0: auto, one shard in flight per 2 cores, "
+                             f"at most 8; 1: one shard at a time), found {self.workers}; set convert.workers=0")
         from nvfp4stack.convert import CONVERTERS  # local: config import must stay light
         from nvfp4stack.convert.units import parse_rules
 

@@ -10,12 +10,14 @@ resumes from the last complete shard and produces the same bytes as an uninterru
 index, configs, report and manifest follow (``finalize``), then the directory is renamed into
 place (``destination``). The free space is checked before the first shard. Before anything is
 written the input passes the doctor's header-only checks (``validate``): a checkpoint the doctor
-would reject after conversion is refused with nothing written.
+would reject after conversion is refused with nothing written. With ``workers`` > 1 several
+shards are converted at once (``parallel``), to the same bytes and the same journal.
 """
 from __future__ import annotations
 
 import errno
 import logging
+import os
 import shutil
 from pathlib import Path
 from typing import Mapping
@@ -42,6 +44,7 @@ from nvfp4stack.convert.destination import (  # noqa: F401
 from nvfp4stack.convert.finalize import finalize
 from nvfp4stack.convert.journal import JOURNAL, append_journal, plan_digest, read_journal, start_journal
 from nvfp4stack.convert.out_specs import OutputSpecs
+from nvfp4stack.convert.parallel import plan_shards, write_shards
 from nvfp4stack.convert.shard_writer import ShardWriter
 from nvfp4stack.convert.units import (  # noqa: F401
     PASSTHROUGH,
@@ -61,6 +64,29 @@ log = logging.getLogger(__name__)
 _append_journal = append_journal  # looked up at each shard close, where tests interrupt a run
 
 
+def resolve_workers(workers: int) -> int:
+    """convert.workers: 0 (auto) -> one shard in flight per two cores (each keeps about one converting
+    and one hashing), 1 to 8; on 2 cores a second shard only oversubscribes torch's threads (~25% slower)."""
+    return workers or max(1, min(8, (os.cpu_count() or 1) // 2))
+
+
+def write_unit(writer: ShardWriter, unit: Unit, reader: ShardedReader, converters: Mapping,
+               device: torch.device) -> dict | None:
+    """Read, convert and add one unit's tensors to ``writer``; returns its converter's report, if any."""
+    if unit.converter == PASSTHROUGH:
+        for name, _ in unit.members:
+            writer.add_raw(name, reader.infos[name], reader.iter_raw(name))
+        return None
+    conv = converters[unit.converter]
+    conv.report = None
+    group = {local: reader.get(name, device) for name, local in unit.members}
+    out = conv.convert(group, unit.prefix)
+    del group
+    for key, t in out.items():
+        writer.add(join_name(unit.prefix, key), t)
+    return getattr(conv, "report", None)
+
+
 def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -72,7 +98,7 @@ def convert_checkpoint(src: str | Path, dst: str | Path, choose: Chooser | Mappi
                        overwrite: bool = False,
                        max_shard_bytes: int = 4 << 30, device: str = "auto",
                        config: dict | None = None, hf_quant_config: dict | None = None,
-                       progress: bool = True) -> dict:
+                       progress: bool = True, workers: int = 1) -> dict:
     """Convert checkpoint ``src`` into ``dst``; returns the report written to convert_report.json.
 
     choose(module) -> converter name, 'passthrough', or None (unknown: refused, or copied unchanged
@@ -80,6 +106,8 @@ def convert_checkpoint(src: str | Path, dst: str | Path, choose: Chooser | Mappi
     ``sources``: group -> the scheme the plan reads it as (default: each converter's source format).
     ``config`` replaces config.json (default: the source's, copied); ``hf_quant_config`` is written
     when given. Raises ConvertRefused, with nothing written, when the input fails the pre-flight.
+    ``workers``: shards converted at once (1: one at a time; 0: ``resolve_workers``'s auto); the
+    bytes are the same for every value (``parallel``).
     """
     src, dst = Path(src), Path(dst)
     if not callable(choose):
@@ -106,6 +134,7 @@ def convert_checkpoint(src: str | Path, dst: str | Path, choose: Chooser | Mappi
                     len(unknown), ", ".join(unknown[:20]), " ..." if len(unknown) > 20 else "", KEEP)
     converters = {c: CONVERTERS.get(c)() for c in sorted({u.converter for u in units} - {PASSTHROUGH})}
     dev = resolve_device(device)
+    workers = resolve_workers(workers)
 
     if (tmp.is_dir() and not (tmp / JOURNAL).exists() and completed_report(tmp).get("plan_digest") == digest
             and output_problem(tmp) is None):  # killed after finalize wrote everything, before the rename
@@ -133,46 +162,43 @@ def convert_checkpoint(src: str | Path, dst: str | Path, choose: Chooser | Mappi
     specs = OutputSpecs(reader, converters, dev)
     shard_i, writer, unit_reports = len(done), None, {}
 
-    def close_shard(next_unit: int) -> None:
-        nonlocal writer, unit_reports, shard_i
-        path = writer.close()
-        _append_journal(tmp, {"file": path.name, "size": path.stat().st_size, "sha256": writer.sha256,
-                              "names": writer.names(), "next_unit": next_unit, "reports": unit_reports})
-        reports.update(unit_reports)
-        writer, unit_reports, shard_i = None, {}, shard_i + 1
+    def write(w: ShardWriter, unit: Unit, convs: Mapping) -> dict | None:
+        return write_unit(w, unit, reader, convs, dev)
+
+    def journal(closed: ShardWriter, next_unit: int, shard_reports: dict) -> None:
+        nonlocal shard_i
+        path = closed.path
+        _append_journal(tmp, {"file": path.name, "size": path.stat().st_size, "sha256": closed.sha256,
+                              "names": closed.names(), "next_unit": next_unit, "reports": shard_reports})
+        reports.update(shard_reports)
+        shard_i += 1
 
     try:
+        if workers > 1:
+            planned = plan_shards(units, specs, start, shard_i, max_shard_bytes)
+            if planned:  # the workers' bar updates are serialised by write_shards
+                start = write_shards(planned, units, tmp, max_shard_bytes, workers, write, journal, bar.update,
+                                     in_bytes)
         with torch.inference_mode():
             for ui in range(start, len(units)):
                 u = units[ui]
                 if writer is None:
                     writer = ShardWriter(tmp / f"shard-{shard_i:05d}.safetensors",
                                          specs.shard(units, ui, max_shard_bytes))
-                if u.converter == PASSTHROUGH:
-                    for name, _ in u.members:
-                        writer.add_raw(name, reader.infos[name], reader.iter_raw(name))
-                else:
-                    conv = converters[u.converter]
-                    conv.report = None
-                    group = {local: reader.get(name, dev) for name, local in u.members}
-                    out = conv.convert(group, u.prefix)
-                    del group
-                    for key, t in out.items():
-                        writer.add(join_name(u.prefix, key), t)
-                    if getattr(conv, "report", None):
-                        unit_reports[f"{u.converter}:{u.prefix}"] = conv.report
-                    del out
+                report = write(writer, u, converters)
+                if report:
+                    unit_reports[f"{u.converter}:{u.prefix}"] = report
                 bar.update(in_bytes[ui])
-                if writer.nbytes >= max_shard_bytes:
-                    close_shard(ui + 1)
-            if writer is not None:
-                close_shard(len(units))
+                if writer.nbytes >= max_shard_bytes or ui == len(units) - 1:
+                    writer.close()
+                    journal(writer, ui + 1, unit_reports)
+                    writer, unit_reports = None, {}
     except OSError as e:
         if e.errno != errno.ENOSPC:
             raise
         if writer is not None:
             writer.abort()
-        disk_full(tmp, dst, writer.path if writer is not None else tmp, e)
+        disk_full(tmp, dst, writer.path if writer is not None else Path(e.filename or tmp), e)
     bar.close()
     try:
         return finalize(dst, tmp, replace, side, unknown, reports, config, hf_quant_config, digest)

@@ -123,7 +123,7 @@ def run(cfg) -> int:
     report = convert_checkpoint(
         src, dst, choose, config=config, unknown_tensors=c.unknown_tensors, sources=sources,
         overwrite=c.overwrite, max_shard_bytes=int(c.max_shard_bytes), device=c.device,
-        hf_quant_config=_plain(c.hf_quant_config) or None)
+        workers=int(c.workers), hf_quant_config=_plain(c.hf_quant_config) or None)
     gap = activation_scale_gap(plan) if plan is not None else None
     if gap:
         print(f"convert: warning: {gap}", file=sys.stderr, flush=True)

@@ -257,7 +257,7 @@ class Bench:
         sub.mkdir(parents=True, exist_ok=True)
         label = f"round {r + 1} {s.name}: "
         result = ({READY: ready_s} if ready_s is not None else {}) | measure(
-            self.cfg, base_url, model, ckpt, sub / "vllm_bench_serve.log", label)
+            self.cfg, base_url, model, ckpt, sub / "vllm_bench_serve.log", label, rnd=r)
         command = format_cli(argv)
         self.record(r, s, result, command)
         _save(sub, self.keys, scfg, result, command, r)

@@ -45,13 +45,22 @@ def _bench_serve_once(base_url: str, model: str, tokenizer: Path, *, input_len: 
     return result
 
 
-def measure(cfg, base_url: str, model: str, tokenizer: Path, log: Path, label: str = "") -> dict[str, float]:
+def round_seed(base: int, rnd: int) -> int:
+    """The prompts' seed of round ``rnd`` (its warm-up takes the next one): every round draws prompts no
+    earlier round sent, so a server that stays up between rounds (``together``) never answers a measured
+    round from its prefix cache."""
+    return base + 2 * rnd
+
+
+def measure(cfg, base_url: str, model: str, tokenizer: Path, log: Path, label: str = "",
+            rnd: int = 0) -> dict[str, float]:
     b = cfg.bench
+    seed = round_seed(b.seed, rnd)
     out: dict[str, float] = {}
     for batch in b.engine_batches:
         r = vllm_bench_serve(base_url, model, tokenizer, input_len=b.engine_input_len,
                              output_len=b.engine_output_len, prompts=batch * b.engine_decode_waves,
-                             concurrency=batch, seed=b.seed, log=log)
+                             concurrency=batch, seed=seed, log=log)
         out[f"decode b={batch} tok/s"] = r["output_throughput"]
         out[f"decode b={batch} TPOT ms"] = r["median_tpot_ms"]
         print(f"[bench engine]   {label}decode batch {batch}: {r['output_throughput']:,.0f} tok/s, "
@@ -59,7 +68,7 @@ def measure(cfg, base_url: str, model: str, tokenizer: Path, log: Path, label: s
     if b.engine_prefill_prompts:
         r = vllm_bench_serve(base_url, model, tokenizer, input_len=b.engine_prefill_len, output_len=1,
                              prompts=b.engine_prefill_prompts, concurrency=b.engine_prefill_concurrency,
-                             seed=b.seed, log=log)
+                             seed=seed, log=log)
         out[f"prefill {b.engine_prefill_len} tok/s"] = r["total_input_tokens"] / r["duration"]
         out[f"prefill {b.engine_prefill_len} TTFT ms"] = r["median_ttft_ms"]
         print(f"[bench engine]   {label}prefill {b.engine_prefill_len}: "

@@ -91,9 +91,12 @@ for p in $PHASES; do
         # one GPU for all three (REF_GPUS="0 0 0"): in turn, sharing one compile cache, never two vLLM
         # memory profiles on one GPU at once
         [ "$g0" = "$g1" ] && [ "$g1" = "$g2" ] && together=false c0=/tmp/cache-ref c1=/tmp/cache-ref
-        r0="CUDA_VISIBLE_DEVICES=$g0 PORT=8021 MOE=triton_w4a16 TP=1 LAYERS=${REF_LAYERS:-8} CACHE=$c0 TAG=ours-ref"
-        r1="CUDA_VISIBLE_DEVICES=$g1 PORT=8022 MOE=marlin TP=1 LAYERS=${REF_LAYERS:-8} CACHE=$c1 TAG=stock-ref"
-        r2="CUDA_VISIBLE_DEVICES=$g2 PORT=8023 MOE=torch_emulation TP=1 LAYERS=${REF_LAYERS:-8} EAGER=true CACHE=$c2 TAG=fp32-ref"
+        # correctness only (no timed round): DeepGEMM compiles what the prompts use, not its 1,690 warm-up
+        # kernels (about 25 minutes on a 16-core host, 2026-11-27), and two graph sizes do for batch 1
+        q="VLLM_DEEP_GEMM_WARMUP=skip CAPTURE=1,8 MAX_SEQS=8"
+        r0="$q CUDA_VISIBLE_DEVICES=$g0 PORT=8021 MOE=triton_w4a16 TP=1 LAYERS=${REF_LAYERS:-8} CACHE=$c0 TAG=ours-ref"
+        r1="$q CUDA_VISIBLE_DEVICES=$g1 PORT=8022 MOE=marlin TP=1 LAYERS=${REF_LAYERS:-8} CACHE=$c1 TAG=stock-ref"
+        r2="$q CUDA_VISIBLE_DEVICES=$g2 PORT=8023 MOE=torch_emulation TP=1 LAYERS=${REF_LAYERS:-8} EAGER=true CACHE=$c2 TAG=fp32-ref"
         if $together; then
             up "$r0" "$r1" "$r2"
             for s in "$r0" "$r1" "$r2"; do is_ready "$s" && measure "$s" 1 BATCHES=1 ROUNDS=1 PREFILL=0; done

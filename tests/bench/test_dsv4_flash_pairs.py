@@ -107,6 +107,7 @@ def test_ref_on_one_gpu_runs_the_three_servers_in_turn(tmp_path):
     for tag in ("ours-ref", "stock-ref", "fp32-ref"):
         served = (flash / f"{tag}.serve.log").read_text()
         assert "| GPUs 0 " in served and "cache-ref/tilelang" in served
+        assert '"cudagraph_capture_sizes":[1,8]' in served and "engine.max_num_seqs=8" in served
     assert log.count("teacher-forced, 1 positions: top-1 token equal at 1 (100.0%)") == 3
     assert "phase ref done" in log and "all done" in log
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout

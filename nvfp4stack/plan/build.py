@@ -43,12 +43,19 @@ def plan_for_config(cfg, arch: Arch | None = None, backend=None, groups=None) ->
         groups, model=cfg.model.name, family=family, arch=arch or resolve(cfg.arch.name),
         source_format=cfg.model.source_format, precision=cfg.precision, backend=backend or cfg.backend,
         layout=layout_of(cfg.engine), fp8_ue8m0=cfg.precision.fp8_scale_fmt == "ue8m0",
-        num_hidden_layers=hf.get("num_hidden_layers"),
+        num_hidden_layers=hf.get("num_hidden_layers"), draft_loaded=draft_loaded(cfg.engine),
     )
+
+
+def draft_loaded(engine) -> bool:
+    """Whether the engine loads an MTP draft: vLLM's DeepSeek main models drop the ``mtp.`` tensors
+    (V4's weight mapper maps them to None; V3 skips layers past num_hidden_layers) unless speculative
+    decoding runs with method mtp, which loads them into the draft model."""
+    return getattr(getattr(engine, "speculative", None), "method", None) == "mtp"
 
 
 def kv_cache_for_config(cfg, plan: Plan) -> dict | None:
     """The KV cache that fits beside ``plan``'s per-GPU weights (``kv_cache_report``): ``plan``
     prints it, and ``plan`` and ``serve`` refuse a layout where nothing fits (``nothing_fits``)."""
-    hf = load_config_json(config_json_path(cfg.model, cfg.cache_dir))
+    hf = with_num_layers(load_config_json(config_json_path(cfg.model, cfg.cache_dir)), cfg.model.num_layers)
     return kv_cache_report(hf, cfg.engine, cfg.arch, plan.gpu_bytes, get_family(cfg.model.family))

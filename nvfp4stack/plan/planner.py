@@ -265,9 +265,10 @@ def decide(group: TensorGroup, source: Scheme, requested: Scheme, *, family: Mod
 
 def build_plan(groups: Iterable[tuple[TensorGroup, Scheme]], *, model: str, family: ModelFamily, arch: Arch,
                source_format: str, precision, backend, layout: Layout, fp8_ue8m0: bool = True,
-               num_hidden_layers: int | None = None) -> Plan:
+               num_hidden_layers: int | None = None, draft_loaded: bool = True) -> Plan:
     """Resolve every group through :func:`decide`. Raises PlanError / BackendError with the fix on a
-    broken combination."""
+    broken combination. ``draft_loaded``: whether the engine loads the MTP draft (speculative decoding
+    with it on); without it vLLM's main model drops the MTP tensors, so they take no GPU bytes."""
     rules = list(precision.rules)
     role_schemes = precision.role_schemes()
     selections: dict[tuple[str, Scheme], Selection] = {}
@@ -280,6 +281,8 @@ def build_plan(groups: Iterable[tuple[TensorGroup, Scheme]], *, model: str, fami
         d = decide(group, source, requested, family=family, arch=arch, backend=backend, selections=selections)
         nbytes = group_bytes(group, d.stored, fp8_ue8m0)
         gpu_bytes = nbytes + (fp8_prefill_bytes(group) if d.fp8_copy else 0)
+        if group.mtp and not draft_loaded:
+            gpu_bytes = 0
         out.append(GroupPlan(group.name, group.role, group.mtp, source, d.stored, d.served, d.converter, d.kernel,
                              group.numel, nbytes, gpu_bytes / shard_factor(group, layout, family.tp_sharded_roles),
                              group.dtype))

@@ -48,9 +48,9 @@ def plan_for_config(cfg, arch: Arch | None = None, backend=None, groups=None) ->
 
 
 def draft_loaded(engine) -> bool:
-    """Whether the engine loads an MTP draft: vLLM's DeepSeek main models drop the ``mtp.`` tensors
-    (V4's weight mapper maps them to None; V3 skips layers past num_hidden_layers) unless speculative
-    decoding runs with method mtp, which loads them into the draft model."""
+    """Whether the engine loads an MTP draft: vLLM's main models of the families with an MTP block drop
+    its tensors (their weight mappers map them to None, or skip the layers past num_hidden_layers)
+    unless speculative decoding runs with method mtp, which loads them into the draft model."""
     return getattr(getattr(engine, "speculative", None), "method", None) == "mtp"
 
 

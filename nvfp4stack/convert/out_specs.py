@@ -62,17 +62,23 @@ class OutputSpecs:
         finally:
             conv.report = None
 
-    def shard(self, units: list[Unit], start: int, max_shard_bytes: int) -> list[TensorSpec]:
-        """The tensors of the shard that opens at ``units[start]``: units up to the one that takes it
-        to ``max_shard_bytes`` (the stream's own rule for closing a shard)."""
+    def span(self, units: list[Unit], start: int, max_shard_bytes: int) -> tuple[list[TensorSpec], int, bool]:
+        """The shard that opens at ``units[start]`` under the stream's own closing rule (units up to the
+        one that takes it to ``max_shard_bytes``): its tensors, the unit after its last, and whether every
+        unit's specs were known (False: it stops before the first unit whose specs are unknown)."""
         out: list[TensorSpec] = []
         total = 0
-        for u in units[start:]:
-            specs = self.of(u)
+        for i in range(start, len(units)):
+            specs = self.of(units[i])
             if specs is None:
-                break  # the writer finds out on closing and fixes the header
+                return out, i, False
             out += specs
             total += sum(s.nbytes for s in specs)
             if total >= max_shard_bytes:
-                break
-        return out
+                return out, i + 1, True
+        return out, len(units), True
+
+    def shard(self, units: list[Unit], start: int, max_shard_bytes: int) -> list[TensorSpec]:
+        """The tensors of the shard that opens at ``units[start]`` (``span``); where some unit's specs are
+        unknown, those before it: the writer finds out on closing and fixes the header."""
+        return self.span(units, start, max_shard_bytes)[0]

@@ -54,16 +54,10 @@ def plan_shards(units: list[Unit], specs: OutputSpecs, start: int, first_index: 
     out: list[PlannedShard] = []
     a = start
     while a < len(units):
-        total, b = 0, a
-        while b < len(units):
-            unit_specs = specs.of(units[b])
-            if unit_specs is None:
-                return out
-            total += sum(s.nbytes for s in unit_specs)
-            b += 1
-            if total >= max_shard_bytes:
-                break
-        out.append(PlannedShard(first_index + len(out), a, b, specs.shard(units, a, max_shard_bytes)))
+        shard_specs, b, known = specs.span(units, a, max_shard_bytes)
+        if not known:
+            return out
+        out.append(PlannedShard(first_index + len(out), a, b, shard_specs))
         a = b
     return out
 

@@ -7,7 +7,7 @@ from nvfp4stack.families.registry import get_family
 from nvfp4stack.families.resolve import config_json_path, header_dir, with_num_layers
 from nvfp4stack.plan.groups import groups_from_checkpoint, load_config_json
 from nvfp4stack.plan.kv_cache import kv_cache_report
-from nvfp4stack.plan.memory import Layout
+from nvfp4stack.plan.memory import Layout, draft_loaded
 from nvfp4stack.plan.planner import Plan, build_plan
 
 
@@ -15,12 +15,17 @@ def layout_of(engine) -> Layout:
     return Layout(tp=int(getattr(engine, "tp", 1)), dp=int(getattr(engine, "dp", 1)), ep=bool(getattr(engine, "ep", False)))
 
 
+def model_config(cfg) -> dict:
+    """The model's config.json as the engine will run it: cut to ``model.num_layers`` when set."""
+    return with_num_layers(load_config_json(config_json_path(cfg.model, cfg.cache_dir)), cfg.model.num_layers)
+
+
 def plan_groups(cfg, family: ModelFamily | None = None):
     """(group, stored scheme) pairs: from the checkpoint's headers when there are weights (a trained
     factory's random twin: the same headers), else from config.json alone through the model family's
     spec (``ModelFamily.tensor_groups``, for weight-free descriptors). ``family``: ``cfg.model.family``'s
     ModelFamily when the caller has it already."""
-    hf = with_num_layers(load_config_json(config_json_path(cfg.model, cfg.cache_dir)), cfg.model.num_layers)
+    hf = model_config(cfg)
     family = family or get_family(cfg.model.family)
     ckpt = header_dir(cfg.model, cfg.cache_dir) if (cfg.model.path or cfg.model.factory) else None
     if ckpt is not None and any(ckpt.glob("*.safetensors")):
@@ -47,15 +52,7 @@ def plan_for_config(cfg, arch: Arch | None = None, backend=None, groups=None) ->
     )
 
 
-def draft_loaded(engine) -> bool:
-    """Whether the engine loads an MTP draft: vLLM's main models of the families with an MTP block drop
-    its tensors (their weight mappers map them to None, or skip the layers past num_hidden_layers)
-    unless speculative decoding runs with method mtp, which loads them into the draft model."""
-    return getattr(getattr(engine, "speculative", None), "method", None) == "mtp"
-
-
 def kv_cache_for_config(cfg, plan: Plan) -> dict | None:
     """The KV cache that fits beside ``plan``'s per-GPU weights (``kv_cache_report``): ``plan``
     prints it, and ``plan`` and ``serve`` refuse a layout where nothing fits (``nothing_fits``)."""
-    hf = with_num_layers(load_config_json(config_json_path(cfg.model, cfg.cache_dir)), cfg.model.num_layers)
-    return kv_cache_report(hf, cfg.engine, cfg.arch, plan.gpu_bytes, get_family(cfg.model.family))
+    return kv_cache_report(model_config(cfg), cfg.engine, cfg.arch, plan.gpu_bytes, get_family(cfg.model.family))

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from nvfp4stack.families.registry import family_for_config
 from nvfp4stack.plan.kv_pool import PackedPool, decode_blocks, in_flight_tokens, packed_pool, pool_capacity
+from nvfp4stack.plan.memory import draft_loaded
 
 DEFAULT_GPU_UTIL = 0.92           # vLLM CacheConfig.gpu_memory_utilization default
 DECODE_IN_FLIGHT = 1              # tokens in flight per decoding sequence (sliding-window pages)
@@ -88,11 +89,10 @@ def kv_cache_report(hf_config: dict, engine_cfg, arch_cfg, weight_bytes_per_gpu:
     """
     kv_dtype = getattr(engine_cfg, "kv_cache_dtype", "auto")
     block = getattr(engine_cfg, "block_size", None)
-    spec = getattr(engine_cfg, "speculative", None)
     if family is None:
         family = family_for_config(hf_config)
     # an MTP draft caches its own layers next to the model's
-    mtp_layers = family.mtp_layers(hf_config) if getattr(spec, "method", None) == "mtp" else 0
+    mtp_layers = family.mtp_layers(hf_config) if draft_loaded(engine_cfg) else 0
     dtype = model_dtype(getattr(engine_cfg, "dtype", "auto"), hf_config)
     found = family.kv_cache(hf_config, kv_dtype, block, mtp_layers, tp=int(getattr(engine_cfg, "tp", 1) or 1),
                             model_dtype=dtype)

@@ -20,6 +20,14 @@ class Layout:
         return self.tp * self.dp
 
 
+def draft_loaded(engine) -> bool:
+    """Whether the engine loads an MTP draft (``engine.speculative.method=mtp``): only then do the MTP
+    tensors take GPU bytes and cache KV. vLLM's main models of the families with an MTP block drop its
+    tensors (their weight mappers map them to None, or skip the layers past num_hidden_layers); the
+    draft model loads them."""
+    return getattr(getattr(engine, "speculative", None), "method", None) == "mtp"
+
+
 def group_bytes(group: TensorGroup, scheme: Scheme, fp8_ue8m0: bool = True) -> int:
     """Stored bytes of one group in ``scheme``, scales included (its storage codec counts them);
     a non-matrix group is kept as stored."""

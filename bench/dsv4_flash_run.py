@@ -68,10 +68,10 @@ def teacher_forced(base: str, model: str) -> list[dict]:
                 continue
             entries = {int(k): v for k, v in row.items()}
             own.append(entries[p[pos]]["logprob"])
-            ranked = sorted(entries.values(), key=lambda v: v["rank"])
-            top1.append(min(entries, key=lambda t: entries[t]["rank"]))
+            ranked = sorted(entries, key=lambda t: entries[t]["rank"])
+            top1.append(ranked[0])
             # how far the top token stands above the runner-up: a smaller change flips greedy here
-            margin.append(ranked[0]["logprob"] - ranked[1]["logprob"] if len(ranked) > 1 else None)
+            margin.append(entries[ranked[0]]["logprob"] - entries[ranked[1]]["logprob"] if len(ranked) > 1 else None)
         out.append({"prompt_len": len(p), "own_logprob": own, "top1": top1, "margin": margin})
     return out
 

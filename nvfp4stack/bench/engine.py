@@ -319,9 +319,9 @@ class Bench:
         """{setting: {metric: [value per round, in round order]}}."""
         out: dict[str, dict[str, list[float]]] = {}
         for s in self.settings:
-            if s.name in self.left_out and s.name not in self.rounds:
+            if s.name not in self.rounds:   # left out: its server never started
                 continue
-            per = self.rounds.get(s.name, {})
+            per = self.rounds[s.name]
             metrics = list(dict.fromkeys(m for r in sorted(per) for m in per[r]))
             out[s.name] = {m: [per[r][m] for r in sorted(per) if m in per[r]] for m in metrics}
         return out
@@ -346,14 +346,14 @@ def run(cfg) -> int:
           + ", ".join(f"{r + 1}:{s.name}" for r, s in bench.order()), flush=True)
     getattr(bench, b.engine_servers)()
     results = bench.results()
+    left_out = "; ".join(f"{n}: {w}" for n, w in bench.left_out.items())
     if not results:
-        why = "; ".join(f"{n}: {w}" for n, w in bench.left_out.items())
-        raise RuntimeError(f"bench=engine: no setting's server started ({why}); the serve logs are under {run_dir}")
+        raise RuntimeError(f"bench=engine: no setting's server started ({left_out}); the serve logs are under {run_dir}")
     rows = table(results)
     spreads = spread_lines(results)
     text = format_rows(rows) + "\nspread (max-min)/median per setting: " + "; ".join(spreads)
     if bench.left_out:
-        text += "\nleft out (server did not start): " + "; ".join(f"{n}: {w}" for n, w in bench.left_out.items())
+        text += f"\nleft out (server did not start): {left_out}"
     print(f"\nEngine benchmark (vLLM bench serve on the recipe's server, {b.engine_rounds} round(s), servers "
           f"{b.engine_servers}; cells: median [min-max] spread; speed-ups > 1 = ours faster):\n" + text)
     atomic_write_text(run_dir / "metrics.json", json.dumps(

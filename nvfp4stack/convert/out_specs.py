@@ -2,8 +2,9 @@
 
 A pass-through unit writes its input's headers. A converted unit's output tensors (names, dtypes,
 shapes) depend only on its converter and its inputs' keys, dtypes and shapes, so they are found
-once per such signature: by running the converter on meta tensors (no data), or, for a converter
-that looks at its data (exactness counts, checks), by converting the first unit of that signature.
+once per such signature, by converting the first unit of that signature (one unit's read; a few per
+checkpoint), or, where that fails (bad data: the real run reports it), on meta tensors. Not meta
+first: torch's meta kernels import torch._dynamo on first use, about a second of every convert.
 A wrong guess costs only a second write of one shard (``shard_writer``), never other bytes.
 """
 from __future__ import annotations
@@ -35,8 +36,8 @@ class OutputSpecs:
         signature = (unit.converter, tuple((local, infos[name].dtype, tuple(infos[name].shape))
                                            for name, local in unit.members))
         if signature not in self._by_signature:
-            self._by_signature[signature] = self._convert_for_specs(unit, meta=True) or \
-                self._convert_for_specs(unit, meta=False)
+            self._by_signature[signature] = self._convert_for_specs(unit, meta=False) or \
+                self._convert_for_specs(unit, meta=True)
         local = self._by_signature[signature]
         if local is None:
             return None
@@ -54,8 +55,8 @@ class OutputSpecs:
             with torch.inference_mode():
                 out = conv.convert(group, unit.prefix)
             return [(key, *tensor_spec(key, t)[1:]) for key, t in out.items()]
-        except Exception as e:  # noqa: BLE001 - a data-dependent converter; the real run reports real errors
-            if not meta:
+        except Exception as e:  # noqa: BLE001 - bad data or a meta-less op; the real run reports real errors
+            if meta:
                 log.debug("%s: output specs unknown (%s: %s); its shard may be written twice",
                           unit.prefix, type(e).__name__, e)
             return None

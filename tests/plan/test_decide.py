@@ -82,3 +82,24 @@ def test_fp8_prefill_copy_only_for_the_main_experts_on_triton_w4a16():
     assert main.fp8_copy and main.kernel == "triton_w4a16"
     with pytest.raises(PlanError, match="backend.moe_fp8_prefill=true"):
         _decide(EXPERT, Scheme.NVFP4, Scheme.NVFP4, "sm90", moe="marlin", moe_fp8_prefill=True)
+
+
+def test_converter_lookup_is_cached_yet_sees_a_converter_registered_later(monkeypatch):
+    """converter_for runs once per group (35,000 for DeepSeek-V4-Flash), so its registry walk is
+    cached; the cache is keyed by the registered names, so a plugin's converter added afterwards counts."""
+    import pytest
+
+    import nvfp4stack.convert  # noqa: F401
+    from nvfp4stack.convert.base import CONVERTERS, Converter
+    from nvfp4stack.plan.planner import PlanError, converter_for
+    from nvfp4stack.schemes import Scheme
+
+    assert converter_for(Scheme.MXFP4, Scheme.NVFP4, "g") == "mxfp4_to_nvfp4"
+    with pytest.raises(PlanError, match="g: no converter from fp8_block to nvfp4"):
+        converter_for(Scheme.FP8_BLOCK, Scheme.NVFP4, "g")
+
+    class Fp8BlockToNvfp4(Converter):
+        source, target = Scheme.FP8_BLOCK, Scheme.NVFP4
+
+    monkeypatch.setitem(CONVERTERS._items, "test_fp8_block_to_nvfp4", Fp8BlockToNvfp4)
+    assert converter_for(Scheme.FP8_BLOCK, Scheme.NVFP4, "g") == "test_fp8_block_to_nvfp4"

@@ -285,14 +285,14 @@ def build_tiny_dsv4(cache_dir: str | Path, seed: int = 0) -> Path:
     Idempotent and atomic: built in a temporary sibling directory, then renamed; a finished build
     under the same (seed, SPEC_VERSION) is returned as is.
     """
+    cache_dir = Path(cache_dir)
+    root = cache_dir / f"tiny_dsv4-v{SPEC_VERSION}-s{seed}"
+    if (root / "bf16" / "config.json").exists():
+        return root  # before importing transformers: a plan or convert of a built tiny needs none of it
     from transformers import AutoTokenizer
 
     from nvfp4stack.models.tokenizer import train_tokenizer
 
-    cache_dir = Path(cache_dir)
-    root = cache_dir / f"tiny_dsv4-v{SPEC_VERSION}-s{seed}"
-    if (root / "bf16" / "config.json").exists():
-        return root
     cache_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=cache_dir))
     try:

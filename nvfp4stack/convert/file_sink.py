@@ -1,11 +1,14 @@
 """A file written front to back by a background thread, hashed on the way, bypassing the page cache.
 
-The caller copies bytes into one of two page-aligned staging buffers; a full buffer goes to a
-worker thread that hashes it (sha256) while a second one writes it with O_DIRECT, and the caller fills
-the other one: reading and converting the next tensor overlap with hashing and writing this one
-(both release the GIL), and the kernel neither copies the output into its page cache nor holds
-gigabytes of it dirty for the closing fsync. Where O_DIRECT is refused (tmpfs, some network file
-systems, an unaligned device) the same writes go through the page cache.
+The caller copies bytes into one of two page-aligned staging buffers (``append``), or has a byte
+range of an input file read straight into them (``append_file``: a pass-through tensor is never
+held in memory, nor copied twice); a full buffer goes to a worker thread that hashes it (sha256)
+while a second one writes it with O_DIRECT, and the caller fills the other one: reading and
+converting the next tensor overlap with hashing and writing this one, and the kernel neither copies
+the output into its page cache nor holds gigabytes of it dirty for the closing fsync. Every bulk
+copy releases the GIL (numpy's copy, ``preadv``, sha256, ``pwrite``), so the sinks of several
+shards in flight (``parallel``) run on as many cores. Where O_DIRECT is refused (tmpfs, some
+network file systems, an unaligned device) the same writes go through the page cache.
 """
 from __future__ import annotations
 
@@ -16,8 +19,14 @@ import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
+
 _BLOCK = 16 << 20  # staging buffer: a multiple of every logical block size O_DIRECT may need
 _ALIGN = 4096
+
+
+class TruncatedInput(OSError):
+    """``append_file``'s input file ended before the byte range it was asked for."""
 
 
 class FileSink:
@@ -33,6 +42,7 @@ class FileSink:
             except OSError:
                 self._direct_fd = None
         self._bufs = [mmap.mmap(-1, _BLOCK) for _ in range(2)]
+        self._arrays = [np.frombuffer(b, dtype=np.uint8) for b in self._bufs]  # copies into them drop the GIL
         self._pending: list[Future | None] = [None, None]
         self._cur, self._fill, self._offset = 0, 0, 0   # buffer being filled, its fill, its file offset
         self._digest = hashlib.sha256()
@@ -44,11 +54,27 @@ class FileSink:
         mv = memoryview(data).cast("B")
         while len(mv):
             n = min(len(mv), _BLOCK - self._fill)
-            self._bufs[self._cur][self._fill:self._fill + n] = mv[:n]
+            self._arrays[self._cur][self._fill:self._fill + n] = np.frombuffer(mv[:n], dtype=np.uint8)
             self._fill += n
             mv = mv[n:]
             if self._fill == _BLOCK:
                 self._hand_off()
+
+    def append_file(self, path: str | Path, offset: int, n: int) -> None:
+        """Append bytes ``offset`` .. ``offset + n`` of file ``path``, read straight into the staging
+        buffers; TruncatedInput when the file ends before them."""
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            while n:
+                k = min(n, _BLOCK - self._fill)
+                got = os.preadv(fd, [memoryview(self._bufs[self._cur])[self._fill:self._fill + k]], offset)
+                if got == 0:
+                    raise TruncatedInput(f"{path} ends {n} bytes early")
+                self._fill, offset, n = self._fill + got, offset + got, n - got
+                if self._fill == _BLOCK:
+                    self._hand_off()
+        finally:
+            os.close(fd)
 
     def _hand_off(self) -> None:
         i = self._cur
@@ -116,6 +142,7 @@ class FileSink:
             if fd is not None:
                 os.close(fd)
         self._fd = self._direct_fd = None
+        self._arrays = []
         for b in self._bufs:
             try:
                 b.close()

@@ -19,7 +19,7 @@ from typing import Iterable, NamedTuple
 import torch
 
 from nvfp4stack.checkpoint.safetensors_io import TensorInfo, dtype_name, encode_header, file_sha256, tensor_bytes
-from nvfp4stack.convert.file_sink import FileSink
+from nvfp4stack.convert.file_sink import FileSink, TruncatedInput
 
 log = logging.getLogger(__name__)
 _CHUNK = 64 << 20
@@ -70,11 +70,17 @@ class ShardWriter:
     def names(self) -> list[str]:
         return [s.name for s in self._specs]
 
-    def _add(self, spec: TensorSpec, chunks: Iterable) -> None:
+    def _add(self, spec: TensorSpec, chunks: Iterable | None, source: TensorInfo | None = None) -> None:
         if spec.name in self._names:
             raise ValueError(f"{spec.name}: written twice to {self.path.name}")
         n = 0
-        for c in chunks:
+        if chunks is None:  # straight from the input file into the sink's buffers
+            try:
+                self._sink.append_file(source.file, source.start, source.nbytes)
+            except TruncatedInput as e:
+                raise IOError(f"{spec.name}: {e} (truncated); re-download or re-write it") from None
+            n = source.nbytes
+        for c in chunks or ():
             self._sink.append(c)
             n += len(c)
         if n != spec.nbytes:
@@ -86,8 +92,9 @@ class ShardWriter:
     def add(self, name: str, tensor: torch.Tensor) -> None:
         self._add(tensor_spec(name, tensor), [tensor_bytes(tensor)])
 
-    def add_raw(self, name: str, info: TensorInfo, chunks: Iterable[bytes]) -> None:
-        self._add(TensorSpec(name, info.dtype, tuple(info.shape), info.nbytes), chunks)
+    def add_raw(self, name: str, info: TensorInfo, chunks: Iterable[bytes] | None = None) -> None:
+        """A pass-through tensor: its stored bytes, read from ``info``'s file range (or from ``chunks``)."""
+        self._add(TensorSpec(name, info.dtype, tuple(info.shape), info.nbytes), chunks, info)
 
     def close(self) -> Path:
         self.sha256 = self._sink.close()

@@ -15,10 +15,12 @@ shards are converted at once (``parallel``), to the same bytes and the same jour
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Mapping
 
@@ -70,12 +72,25 @@ def resolve_workers(workers: int) -> int:
     return workers or max(1, min(8, (os.cpu_count() or 1) // 2))
 
 
+@contextlib.contextmanager
+def one_torch_thread():
+    """Each unit's CPU ops on one thread: they are small (one expert matrix, a few MiB), and an OpenMP
+    team per op costs more than it saves; the cores go to shards in flight (``workers``) instead. On a
+    16-core host, one shard at a time with torch's 16 threads kept 10 cores busy for 33 s (12.8 GB)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def write_unit(writer: ShardWriter, unit: Unit, reader: ShardedReader, converters: Mapping,
                device: torch.device) -> dict | None:
     """Read, convert and add one unit's tensors to ``writer``; returns its converter's report, if any."""
     if unit.converter == PASSTHROUGH:
         for name, _ in unit.members:
-            writer.add_raw(name, reader.infos[name], reader.iter_raw(name))
+            writer.add_raw(name, reader.infos[name])
         return None
     conv = converters[unit.converter]
     conv.report = None
@@ -173,13 +188,15 @@ def convert_checkpoint(src: str | Path, dst: str | Path, choose: Chooser | Mappi
         reports.update(shard_reports)
         shard_i += 1
 
+    t0, converted = time.perf_counter(), sum(in_bytes[start:])
     try:
         if workers > 1:
             planned = plan_shards(units, specs, start, shard_i, max_shard_bytes)
             if planned:  # the workers' bar updates are serialised by write_shards
-                start = write_shards(planned, units, tmp, max_shard_bytes, workers, write, journal, bar.update,
-                                     in_bytes)
-        with torch.inference_mode():
+                with one_torch_thread():
+                    start = write_shards(planned, units, tmp, max_shard_bytes, workers, write, journal,
+                                         bar.update, in_bytes)
+        with torch.inference_mode(), one_torch_thread():
             for ui in range(start, len(units)):
                 u = units[ui]
                 if writer is None:
@@ -200,6 +217,9 @@ def convert_checkpoint(src: str | Path, dst: str | Path, choose: Chooser | Mappi
             writer.abort()
         disk_full(tmp, dst, writer.path if writer is not None else Path(e.filename or tmp), e)
     bar.close()
+    seconds = time.perf_counter() - t0
+    print(f"convert: {converted / 1e9:.2f} GB of input converted and written in {seconds:.1f} s "
+          f"({converted / 1e9 / max(seconds, 1e-9):.2f} GB/s, convert.workers={workers})", flush=True)
     try:
         return finalize(dst, tmp, replace, side, unknown, reports, config, hf_quant_config, digest)
     except OSError as e:

@@ -1,0 +1,61 @@
+"""convert's CPU work (issue #36): each unit's torch ops on one thread (the cores go to shards in
+flight), the caller's thread count restored, and no torch._dynamo import on the way (torch's meta
+kernels pull it in: about a second of every convert)."""
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from nvfp4stack.convert.base import CONVERTERS
+from nvfp4stack.convert.stream import convert_checkpoint, one_torch_thread
+from tests.convert.test_stream import RULES, make_checkpoint
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_one_torch_thread_inside_and_the_count_restored_after():
+    before = torch.get_num_threads()
+    with one_torch_thread():
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+
+
+def test_every_unit_converts_on_one_thread_sequential_and_parallel(tmp_path, seed, monkeypatch):
+    src = tmp_path / "src"
+    make_checkpoint(src, seed)
+    conv = CONVERTERS.get("bf16_to_nvfp4")
+    seen: list[int] = []
+    real = conv.convert
+
+    def spy(self, tensors, name):
+        seen.append(torch.get_num_threads())
+        return real(self, tensors, name)
+
+    monkeypatch.setattr(conv, "convert", spy)
+    before = torch.get_num_threads()
+    for workers in (1, 3):
+        seen.clear()
+        convert_checkpoint(src, tmp_path / f"out{workers}", RULES, max_shard_bytes=100_000, progress=False,
+                           workers=workers)
+        assert seen and set(seen[1:]) == {1}, (workers, seen)  # seen[0]: output specs, before the writing
+    assert torch.get_num_threads() == before
+
+
+def test_a_release_convert_never_imports_torch_dynamo(root, tmp_path):
+    from nvfp4stack.models.deepseek_v4.tiny import layout_dir
+
+    src = layout_dir(root, "release")
+    code = (
+        "import sys\n"
+        "from nvfp4stack.cli import compose_config\n"
+        "from nvfp4stack.tasks import convert as task\n"
+        f"cfg = compose_config('recipe=tiny_dsv4', 'model.source_format=official', "
+        f"'precision.routed_experts=nvfp4_w4a16', 'convert.src={src}', 'convert.dst={tmp_path / 'out'}', "
+        f"'run_dir={tmp_path / 'run'}')\n"
+        "assert task.run(cfg) == 0\n"
+        "print('dynamo' if 'torch._dynamo' in sys.modules else 'clean')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "clean", out.stdout[-2000:]

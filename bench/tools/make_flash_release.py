@@ -18,10 +18,14 @@ cut to N layers; no tokenizer (the tiny one does not cover the full vocabulary).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
+import os
 import sys
 import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
 
@@ -89,17 +93,36 @@ def chunked_matrix(tg: TensorGroup, seed: int) -> torch.Tensor:
     return w
 
 
-def release_checkpoint_stream(config: dict, seed: int) -> Iterator[tuple[str, torch.Tensor]]:
-    """(release name, tensor) of every tensor ``release_stream`` yields for ``config``, in its order."""
-    for tg in dsv4_tensor_groups(config):
-        if not tg.is_matrix:
-            yield non_matrix_tensor(tg, config, seed)
-        elif tg.role == "routed_experts":
-            yield from mxfp4_expert(tg.name, tg.shape, seed).items()
-        else:
-            n = tg.shape[0] * tg.shape[1]
-            w = chunked_matrix(tg, seed) if n > CHUNKED_NUMEL else _matrix(tg, seed).to(torch.bfloat16)
-            yield from release_tensors(tg.name + ".weight", w, tg.role).items()
+def group_tensors(tg: TensorGroup, config: dict, seed: int) -> list[tuple[str, torch.Tensor]]:
+    """(release name, tensor) of one tensor group; each draw has a generator of its own (``_gen``)."""
+    if not tg.is_matrix:
+        return [non_matrix_tensor(tg, config, seed)]
+    if tg.role == "routed_experts":
+        return list(mxfp4_expert(tg.name, tg.shape, seed).items())
+    n = tg.shape[0] * tg.shape[1]
+    w = chunked_matrix(tg, seed) if n > CHUNKED_NUMEL else _matrix(tg, seed).to(torch.bfloat16)
+    return list(release_tensors(tg.name + ".weight", w, tg.role).items())
+
+
+def release_checkpoint_stream(config: dict, seed: int, jobs: int = 1) -> Iterator[tuple[str, torch.Tensor]]:
+    """(release name, tensor) of every tensor ``release_stream`` yields for ``config``, in its order.
+    ``jobs`` > 1 draws that many groups at once on threads (torch releases the GIL), at most ``2 * jobs``
+    ahead of the writer; every group's generator is its own, so the bytes do not depend on ``jobs``."""
+    groups = dsv4_tensor_groups(config)
+    if jobs <= 1:
+        for tg in groups:
+            yield from group_tensors(tg, config, seed)
+        return
+    with ThreadPoolExecutor(jobs) as pool:
+        ahead: deque = deque()
+        it = iter(groups)
+        for tg in itertools.islice(it, 2 * jobs):
+            ahead.append(pool.submit(group_tensors, tg, config, seed))
+        while ahead:
+            done = ahead.popleft().result()
+            for tg in itertools.islice(it, 1):
+                ahead.append(pool.submit(group_tensors, tg, config, seed))
+            yield from done
 
 
 def release_config(descriptor: dict, layers: int | None) -> dict:
@@ -108,10 +131,10 @@ def release_config(descriptor: dict, layers: int | None) -> dict:
     return {k: v for k, v in cfg.items() if not k.startswith("_nvfp4stack")}
 
 
-def write_release(out: Path, config: dict, seed: int, shard_bytes: int) -> dict:
+def write_release(out: Path, config: dict, seed: int, shard_bytes: int, jobs: int = 1) -> dict:
     """Write the checkpoint at ``out`` (atomically); returns {'tensors', 'bytes', 'shards'}."""
     with atomic_dir(out) as tmp:
-        weight_map = save_sharded(release_checkpoint_stream(config, seed), tmp, max_shard_bytes=shard_bytes)
+        weight_map = save_sharded(release_checkpoint_stream(config, seed, jobs), tmp, max_shard_bytes=shard_bytes)
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return {"tensors": len(weight_map), "shards": len(set(weight_map.values())),
             "bytes": sum(p.stat().st_size for p in out.glob("*.safetensors"))}
@@ -126,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     src.add_argument("--descriptor", default="dsv4_flash", help="shipped descriptor name (models/descriptors)")
     src.add_argument("--config", type=Path, help="a DeepSeek-V4 config.json to use instead of a descriptor")
     ap.add_argument("--shard-mb", type=float, default=1024, help="close a shard once it holds this many MiB")
+    ap.add_argument("--jobs", type=int, default=max(1, min(16, os.cpu_count() or 1)),
+                    help="tensor groups drawn at once (threads); the bytes are the same for every value")
     a = ap.parse_args(argv)
     if a.config is not None:
         descriptor = json.loads(a.config.read_text())
@@ -142,7 +167,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--layers {a.layers}: {e}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    done = write_release(a.out, config, a.seed, int(a.shard_mb * 2**20))
+    if a.jobs > 1:  # each drawing thread's ops get their share of the cores
+        torch.set_num_threads(max(1, torch.get_num_threads() // a.jobs))
+    done = write_release(a.out, config, a.seed, int(a.shard_mb * 2**20), a.jobs)
     print(f"wrote {a.out}: {done['tensors']} tensors, {done['bytes']:,} bytes in {done['shards']} shards, "
           f"{time.perf_counter() - t0:.1f} s")
     return 0

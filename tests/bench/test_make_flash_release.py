@@ -29,7 +29,7 @@ def made(tool, tmp_path_factory):
     cfg = d / "config_in.json"
     cfg.write_text(json.dumps(release_config(tiny_dsv4_config(2048, 0, 1, 2))))
     out = d / "ckpt"
-    assert tool.main([str(out), "--config", str(cfg), "--layers", "1", "--seed", "3", "--shard-mb", "2"]) == 0
+    assert tool.main([str(out), "--config", str(cfg), "--layers", "1", "--seed", "3", "--shard-mb", "2", "--jobs", "1"]) == 0
     return out
 
 
@@ -110,3 +110,14 @@ def test_peak_rss_sums_a_parent_and_its_child(tmp_path):
     assert r.stderr.startswith("peak_rss: exit 0")
     d = json.loads(out.read_text())
     assert d["peak_tree_rss_bytes"] >= 300 << 20 > d["largest_process_maxrss_bytes"]
+
+
+def test_drawing_on_several_threads_writes_the_same_bytes(tool, made, tmp_path):
+    """--jobs only changes how many groups are drawn at once: every shard's bytes equal the one-thread run's."""
+    out = tmp_path / "ckpt3"
+    assert tool.main([str(out), "--config", str(made.parent / "config_in.json"), "--layers", "1", "--seed", "3",
+                      "--shard-mb", "2", "--jobs", "3"]) == 0
+    one = sorted(p.name for p in made.glob("*.safetensors"))
+    assert one == sorted(p.name for p in out.glob("*.safetensors")) and len(one) > 1
+    for name in one:
+        assert (out / name).read_bytes() == (made / name).read_bytes(), name

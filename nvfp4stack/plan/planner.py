@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import functools
-
 import math
 import warnings
 from collections import defaultdict

@@ -24,6 +24,7 @@ class BenchConfig:
                                                                 "humming", "bf16"])
     engine_rounds: int = 3              # rounds per setting and load, interleaved (median and min-max per cell)
     engine_servers: str = "one_at_a_time"   # one_at_a_time (a start per round) | together (one start each, all alive)
+    engine_cold_caches: bool = False    # every server start with empty JIT/compile caches (a fresh machine's ready time)
     engine_model: str = "synthetic"     # synthetic (Flash expert shapes, built once) | recipe (its checkpoint)
     engine_model_layers: int = 8        # synthetic: 1 dense + 7 MoE layers
     engine_batches: list[int] = field(default_factory=lambda: [1, 8, 32, 128, 256])

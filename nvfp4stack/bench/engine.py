@@ -284,11 +284,21 @@ class Bench:
                   f"its logs are under {self.setting_dir(s)}", flush=True)
             return None, None
 
+    def cold(self, scfg, start_dir: Path):
+        """``scfg`` with empty JIT/compile caches of its own under ``start_dir`` (bench.engine_cold_caches),
+        else as it is."""
+        if not self.cfg.bench.engine_cold_caches:
+            return scfg
+        from nvfp4stack.bench.cold_caches import cold_cache_env
+
+        env = {**scfg.engine.env, **cold_cache_env(start_dir / "jit-caches")}
+        return dataclasses.replace(scfg, engine=dataclasses.replace(scfg.engine, env=env))
+
     def one_at_a_time(self) -> None:
         """A server start per (round, setting): one GPU holds one vLLM server."""
         for r, s in self.order():
             sub = self.setting_dir(s) / f"round-{r}"
-            scfg = s.apply(self.cfg, self.ckpts.get(s.experts), sub, self.port(s))
+            scfg = self.cold(s.apply(self.cfg, self.ckpts.get(s.experts), sub, self.port(s)), sub)
             if s.name in self.left_out or self.reuse(r, s, scfg):
                 continue
             with contextlib.ExitStack() as stack:
@@ -300,8 +310,9 @@ class Bench:
         """Each setting's server started once (when its first round comes), all alive at once with
         the GPU memory split between them; every round runs on those starts."""
         util = (self.cfg.engine.gpu_memory_utilization or DEFAULT_GPU_UTIL) / len(self.settings)
-        scfgs = {s.name: s.apply(self.cfg, self.ckpts.get(s.experts), self.setting_dir(s), self.port(s),
-                                 gpu_memory_utilization=round(util, 4)) for s in self.settings}
+        scfgs = {s.name: self.cold(s.apply(self.cfg, self.ckpts.get(s.experts), self.setting_dir(s), self.port(s),
+                                           gpu_memory_utilization=round(util, 4)), self.setting_dir(s))
+                 for s in self.settings}
         servers: dict[str, tuple] = {}
         with contextlib.ExitStack() as stack:
             for r, s in self.order():

@@ -296,3 +296,36 @@ def test_every_round_draws_prompts_no_earlier_round_sent():
 
     seeds = [s for r in range(4) for s in (round_seed(0, r), round_seed(0, r) + 1)]   # measured, warm-up
     assert len(set(seeds)) == len(seeds) and round_seed(7, 0) == 7
+
+
+def test_cold_caches_give_every_start_empty_cache_directories_of_its_own(tmp_path, monkeypatch):
+    """bench.engine_cold_caches=true: each server start's JIT/compile caches (Triton, inductor, vLLM, ...)
+    point at new, empty directories under its round, so every ready time is a fresh machine's; off, the
+    server inherits the caller's."""
+    import contextlib
+
+    import nvfp4stack.bench.engine as eng
+    import nvfp4stack.tasks.serve as serve
+    from nvfp4stack.bench.cold_caches import CACHE_VARS
+
+    envs = []
+
+    @contextlib.contextmanager
+    def serving(scfg):
+        envs.append((scfg.backend.moe, dict(scfg.engine.env)))
+        yield f"http://127.0.0.1:{scfg.engine.port}/v1", "m", 5.0, ["python", "-m", "vllm"], Path(".")
+
+    monkeypatch.setattr(serve, "serving", serving)
+    monkeypatch.setattr(eng, "measure", lambda *a, **k: {"decode b=1 tok/s": 100.0})
+    cfg = _bench_cfg(tmp_path, "bench.engine_settings=[triton_w4a16,marlin]", "bench.engine_rounds=2",
+                     "bench.engine_cold_caches=true")
+    assert eng.run(cfg) == 0
+    assert [m for m, _ in envs] == ["triton_w4a16", "marlin", "marlin", "triton_w4a16"]
+    for var in CACHE_VARS:
+        dirs = [Path(env[var]) for _, env in envs]
+        assert len(set(dirs)) == 4, (var, dirs)                       # one per start
+        assert all(d.is_dir() and not any(d.iterdir()) and (tmp_path / "run") in d.parents for d in dirs)
+
+    envs.clear()
+    assert eng.run(_bench_cfg(tmp_path / "warm", "bench.engine_settings=[triton_w4a16]", "bench.engine_rounds=1")) == 0
+    assert not set(CACHE_VARS) & set(envs[0][1])

@@ -50,7 +50,8 @@ def test_a_release_convert_never_imports_torch_dynamo(root, tmp_path):
         "import sys\n"
         "from nvfp4stack.cli import compose_config\n"
         "from nvfp4stack.tasks import convert as task\n"
-        f"cfg = compose_config('recipe=tiny_dsv4', 'model.source_format=official', "
+        # model.path: the plan reads the built checkpoint, so no factory builds a tiny in this process
+        f"cfg = compose_config('recipe=tiny_dsv4', 'model.source_format=official', 'model.path={src}', "
         f"'precision.routed_experts=nvfp4_w4a16', 'convert.src={src}', 'convert.dst={tmp_path / 'out'}', "
         f"'run_dir={tmp_path / 'run'}')\n"
         "assert task.run(cfg) == 0\n"

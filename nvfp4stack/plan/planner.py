@@ -160,7 +160,7 @@ def converter_for(source: Scheme, target: Scheme, where: str) -> str | None:
 @functools.cache
 def _converter_between(source_storage, target_storage, names: tuple[str, ...]) -> str | None:
     """The first of the registered converters ``names`` reading ``source_storage`` and writing
-    ``target_storage``. A plan asks once per group, 35,000 times for DeepSeek-V4-Flash: the walk
+    ``target_storage``. A plan asks once per group (35,000 times for a 290B-parameter MoE): the walk
     is cached, keyed by the registry's names so a converter registered later is seen."""
     from nvfp4stack.convert.base import CONVERTERS
 

@@ -218,8 +218,9 @@ def convert_checkpoint(src: str | Path, dst: str | Path, choose: Chooser | Mappi
         disk_full(tmp, dst, writer.path if writer is not None else Path(e.filename or tmp), e)
     bar.close()
     seconds = time.perf_counter() - t0
-    print(f"convert: {converted / 1e9:.2f} GB of input converted and written in {seconds:.1f} s "
-          f"({converted / 1e9 / max(seconds, 1e-9):.2f} GB/s, convert.workers={workers})", flush=True)
+    if converted:
+        print(f"convert: {converted / 1e9:.2f} GB of input converted and written in {seconds:.1f} s "
+              f"({converted / 1e9 / max(seconds, 1e-9):.2f} GB/s, convert.workers={workers})", flush=True)
     try:
         return finalize(dst, tmp, replace, side, unknown, reports, config, hf_quant_config, digest)
     except OSError as e:

@@ -60,3 +60,19 @@ def test_a_release_convert_never_imports_torch_dynamo(root, tmp_path):
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "clean", out.stdout[-2000:]
+
+
+def test_convert_prints_its_own_rate_once_and_not_when_nothing_is_left(tmp_path, seed, capsys):
+    """The README's rate line: input bytes over the time from the first shard to the last; a rerun that
+    finds the output complete converts nothing and prints none."""
+    import re
+
+    src = tmp_path / "src"
+    make_checkpoint(src, seed)
+    convert_checkpoint(src, tmp_path / "out", RULES, max_shard_bytes=100_000, progress=False, workers=2)
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "of input converted and written in" in ln]
+    assert len(lines) == 1
+    assert re.fullmatch(r"convert: \d+\.\d\d GB of input converted and written in \d+\.\d s "
+                        r"\(\d+\.\d\d GB/s, convert\.workers=2\)", lines[0]), lines[0]
+    convert_checkpoint(src, tmp_path / "out", RULES, max_shard_bytes=100_000, progress=False, workers=2)
+    assert "of input converted" not in capsys.readouterr().out

@@ -120,7 +120,8 @@ def release_checkpoint_stream(config: dict, seed: int, jobs: int = 1) -> Iterato
             ahead.append(pool.submit(group_tensors, tg, config, seed))
         while ahead:
             done = ahead.popleft().result()
-            for tg in itertools.islice(it, 1):
+            tg = next(it, None)
+            if tg is not None:
                 ahead.append(pool.submit(group_tensors, tg, config, seed))
             yield from done
 

@@ -70,19 +70,19 @@ class ShardWriter:
     def names(self) -> list[str]:
         return [s.name for s in self._specs]
 
-    def _add(self, spec: TensorSpec, chunks: Iterable | None, source: TensorInfo | None = None) -> None:
+    def _add(self, spec: TensorSpec, data=None, source: TensorInfo | None = None) -> None:
+        """Append ``data`` (a bytes-like object), or ``source``'s byte range read straight from its file."""
         if spec.name in self._names:
             raise ValueError(f"{spec.name}: written twice to {self.path.name}")
-        n = 0
-        if chunks is None:  # straight from the input file into the sink's buffers
+        if source is not None:
             try:
                 self._sink.append_file(source.file, source.start, source.nbytes)
             except TruncatedInput as e:
                 raise IOError(f"{spec.name}: {e} (truncated); re-download or re-write it") from None
             n = source.nbytes
-        for c in chunks or ():
-            self._sink.append(c)
-            n += len(c)
+        else:
+            self._sink.append(data)
+            n = len(data)
         if n != spec.nbytes:
             raise ValueError(f"{spec.name}: {n} bytes written to {self.path.name}, its header says {spec.nbytes}")
         self._specs.append(spec)
@@ -90,11 +90,11 @@ class ShardWriter:
         self._offset += n
 
     def add(self, name: str, tensor: torch.Tensor) -> None:
-        self._add(tensor_spec(name, tensor), [tensor_bytes(tensor)])
+        self._add(tensor_spec(name, tensor), tensor_bytes(tensor))
 
-    def add_raw(self, name: str, info: TensorInfo, chunks: Iterable[bytes] | None = None) -> None:
-        """A pass-through tensor: its stored bytes, read from ``info``'s file range (or from ``chunks``)."""
-        self._add(TensorSpec(name, info.dtype, tuple(info.shape), info.nbytes), chunks, info)
+    def add_raw(self, name: str, info: TensorInfo) -> None:
+        """A pass-through tensor: its stored bytes, read from ``info``'s file range."""
+        self._add(TensorSpec(name, info.dtype, tuple(info.shape), info.nbytes), source=info)
 
     def close(self) -> Path:
         self.sha256 = self._sink.close()

@@ -190,13 +190,12 @@ def convert_checkpoint(src: str | Path, dst: str | Path, choose: Chooser | Mappi
 
     t0, converted = time.perf_counter(), sum(in_bytes[start:])
     try:
-        if workers > 1:
-            planned = plan_shards(units, specs, start, shard_i, max_shard_bytes)
-            if planned:  # the workers' bar updates are serialised by write_shards
-                with one_torch_thread():
+        with torch.inference_mode(), one_torch_thread():  # inference_mode is per thread: each worker enters its own
+            if workers > 1:
+                planned = plan_shards(units, specs, start, shard_i, max_shard_bytes)
+                if planned:  # the workers' bar updates are serialised by write_shards
                     start = write_shards(planned, units, tmp, max_shard_bytes, workers, write, journal,
                                          bar.update, in_bytes)
-        with torch.inference_mode(), one_torch_thread():
             for ui in range(start, len(units)):
                 u = units[ui]
                 if writer is None:

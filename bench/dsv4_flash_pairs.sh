@@ -4,6 +4,10 @@
 # that neither client competes with the other. PHASES (default "tp2 ep"):
 #   tp2   engine.tp=2            ours (triton_w4a16, GPUs 0,1) next to stock (marlin, GPUs 2,3)
 #   ep    engine.tp=2 engine.ep=true, the same pairs (caches warm from tp2)
+#   both  tp2 and ep in one start of stock: ours (TP=2) next to stock (TP=2), measured ours, stock; then
+#         ours restarted with engine.ep=true on its GPUs while stock stays up, measured ours-EP, stock again
+#         (stock's repeat). One DeepGEMM cache for both servers (their attention linears are the same:
+#         what one client's untimed round compiles, the other's finds); everything else cold per server
 #   tp4   ours alone on GPUs 0-3: TP4 + EP with the MTP draft, batches 1, 32, 256
 #   ref   who is right where ours and stock part: REF_LAYERS (default 8) layers, one GPU each, ours
 #         (GPU 0), stock (GPU 1) and the fp32 torch_emulation MoE, eager (GPU 2), greedy and teacher-forced
@@ -72,12 +76,34 @@ pair() {   # $1 phase name, $2 EP
     log "phase $phase done"
 }
 
+both() {   # tp2 and ep against one stock server (see "both" above)
+    local dg="DG_CACHE=/tmp/cache-dg VLLM_DEEP_GEMM_WARMUP=${VLLM_DEEP_GEMM_WARMUP:-skip}"
+    local a="$dg CUDA_VISIBLE_DEVICES=0,1 PORT=8011 MOE=triton_w4a16 TP=2 EP=false CACHE=/tmp/cache-ours TAG=ours-tp2"
+    local b="$dg CUDA_VISIBLE_DEVICES=2,3 PORT=8012 MOE=marlin TP=2 EP=false CACHE=/tmp/cache-stock TAG=stock-tp2"
+    local c="$dg CUDA_VISIBLE_DEVICES=0,1 PORT=8013 MOE=triton_w4a16 TP=2 EP=true CACHE=/tmp/cache-ours TAG=ours-ep"
+    local stock_up=false
+    up "$a" "$b"
+    is_ready "$b" && stock_up=true
+    is_ready "$a" && { log "measure ours-tp2"; measure "$a" 1; }
+    $stock_up && { log "measure stock-tp2 round 1"; measure "$b" 1; }
+    nvidia-smi --query-gpu=index,memory.used --format=csv,noheader >> "$OUT/pairs.log"
+    down "$a"
+    time_left ep || { down "$b"; return; }
+    up "$c"
+    is_ready "$c" && { log "measure ours-ep"; measure "$c" 1; }
+    $stock_up && { log "measure stock-tp2 round 2"; measure "$b" 2; }
+    nvidia-smi --query-gpu=index,memory.used --format=csv,noheader >> "$OUT/pairs.log"
+    down "$c" "$b"
+    log "phase both done"
+}
+
 log "start: phases '$PHASES', deadline in $(( DEADLINE - $(date +%s) )) s"
 for p in $PHASES; do
     time_left "$p" || continue
     case $p in
     tp2) pair tp2 false ;;
     ep) pair ep true ;;
+    both) both ;;
     tp4)
         t="CUDA_VISIBLE_DEVICES=0,1,2,3 PORT=8013 MOE=triton_w4a16 TP=4 EP=true MTP=true CACHE=/tmp/cache-ours TAG=ours-tp4"
         up "$t"
@@ -116,7 +142,7 @@ for p in $PHASES; do
         python3 bench/dsv4_flash_run.py compare "$OUT/stock-ref-r1.json" "$OUT/ours-ref-r1.json" >> "$OUT/pairs.log" 2>&1
         log "phase ref done"
         ;;
-    *) log "unknown phase $p (valid: tp2 ep tp4 ref)" ;;
+    *) log "unknown phase $p (valid: tp2 ep both tp4 ref)" ;;
     esac
 done
 log "all done"

@@ -6,7 +6,8 @@
 # (README "Running on an offline GPU host"). CUDA graphs are captured for CAPTURE's sizes only
 # (DeepSeek-V4's TileLang kernels compile per captured size: vLLM's 51 default sizes took over 7 minutes
 # on a cold H200). CACHE=<dir> gives the server its own compile caches (TileLang, DeepGEMM, Triton,
-# vLLM's torch.compile), so two servers started side by side each start cold and never race. EAGER=true
+# vLLM's torch.compile), so two servers started side by side each start cold and never race; DG_CACHE=<dir>
+# shares DeepGEMM's cache between servers whose attention linears are the same. EAGER=true
 # runs without CUDA graphs (MOE=torch_emulation, the fp32 reference MoE, syncs with the host).
 #
 # ACTION (default all = start, wait, measure, stop):
@@ -32,7 +33,7 @@ READY_TIMEOUT_S=${READY_TIMEOUT_S:-540}
 mkdir -p "$OUT" "$RUNS"
 export PYTHONPATH="$(bash nvfp4stack/bundle/gpu_host.sh pythonpath):$PWD"
 if [ -n "${CACHE:-}" ]; then
-    export TILELANG_CACHE_DIR="$CACHE/tilelang" DG_JIT_CACHE_DIR="$CACHE/dg" TRITON_CACHE_DIR="$CACHE/triton" \
+    export TILELANG_CACHE_DIR="$CACHE/tilelang" DG_JIT_CACHE_DIR="${DG_CACHE:-$CACHE/dg}" TRITON_CACHE_DIR="$CACHE/triton" \
         VLLM_CACHE_ROOT="$CACHE/vllm"
 fi
 # vLLM's default DeepGEMM warm-up (relax): with "skip" the JIT moves into serving, and the 2026-11-26
@@ -65,8 +66,9 @@ wait_ready() {
     bash nvfp4stack/bundle/gpu_host.sh wait-ready "$OUT/$TAG.serve.log" "$pid" "$READY_TIMEOUT_S" && rc=0
     echo "$TAG: ready after $(( $(date +%s) - t0 )) s: $([ $rc = 0 ] && echo yes || echo no)"
     if [ $rc = 0 ]; then
-        grep -E "nvfp4stack: |synthetic weights|Model loading took|KV cache memory|KV cache size|Maximum concurrency" \
-            "$RUNS/$TAG/vllm_server.log" | grep -v -e "tile layout" -e " -> Nvfp4Stack" | cut -c1-220 | head -12
+        # per rank: weights, the KV pool, and what vLLM's memory profile kept back (CUDA graphs, activations)
+        grep -E "nvfp4stack: |synthetic weights|Model loading took|KV cache memory|KV cache size|Maximum concurrency|CUDA graph memory profiling is enabled|CUDA graph pool memory" \
+            "$RUNS/$TAG/vllm_server.log" | grep -v -e "tile layout" -e " -> Nvfp4Stack" | cut -c1-330 | head -30
     else
         tail -25 "$OUT/$TAG.serve.log"; grep -E "Error|error|Traceback" -A3 "$RUNS/$TAG/vllm_server.log" | tail -60
     fi

@@ -1,4 +1,4 @@
-"""bench/dsv4_flash_pairs.sh (issue #34's four-GPU visit; phases tp2, ep and ref) on stand-ins: a fake `main.py serve` that
+"""bench/dsv4_flash_pairs.sh (issue #34's four-GPU visit; phases tp2, ep, both and ref) on stand-ins: a fake `main.py serve` that
 says "engine ready" and waits for Ctrl-C, a fake client and nvidia-smi. Checks the orchestration the
 GPU time depends on: both servers of a pair start on their own GPUs, ports and caches; clients run
 ours, stock, stock, ours; every server is stopped; nothing is written into the device tool's $OUT."""
@@ -18,7 +18,8 @@ os.makedirs(run_dir, exist_ok=True)
 with open(os.path.join(run_dir, "vllm_server.log"), "w") as f:
     f.write("INFO Model loading took 74.06 GiB memory\nINFO nvfp4stack: x -> Nvfp4StackMxfp4CastMoE\n")
 print("args", *sys.argv[1:], "| GPUs", os.environ.get("CUDA_VISIBLE_DEVICES"),
-      "| tilelang", os.environ.get("TILELANG_CACHE_DIR"), flush=True)
+      "| tilelang", os.environ.get("TILELANG_CACHE_DIR"), "| dg", os.environ.get("DG_JIT_CACHE_DIR"),
+      "| warmup", os.environ.get("VLLM_DEEP_GEMM_WARMUP"), flush=True)
 signal.signal(signal.SIGINT, lambda *_: sys.exit(0))
 time.sleep(1)
 print("engine ready", flush=True)
@@ -110,5 +111,32 @@ def test_ref_on_one_gpu_runs_the_three_servers_in_turn(tmp_path):
         assert '"cudagraph_capture_sizes":[1,8]' in served and "engine.max_num_seqs=8" in served
     assert log.count("teacher-forced, 1 positions: top-1 token equal at 1 (100.0%)") == 3
     assert "phase ref done" in log and "all done" in log
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert str(flash / "runs") not in ps
+
+
+@pytest.mark.skipif(shutil.which("setsid") is None, reason="needs setsid (util-linux)")
+def test_both_keeps_one_stock_server_for_tp2_and_ep(tmp_path):
+    """Phase both: ours (TP=2) and stock start together; after ours and stock are measured, ours restarts
+    with EP on its own GPUs while the same stock server stays up and is measured again; one DeepGEMM cache
+    for both servers, DeepGEMM's warm-up skipped, every other cache per server."""
+    r, flash, device_out = _run_pairs(tmp_path, "both")
+    log = (flash / "pairs.log").read_text()
+    assert r.returncode == 0, r.stderr + log
+    assert list(device_out.iterdir()) == []
+    events = [line.split("] ", 1)[1] if "] " in line else line for line in log.splitlines()
+              if "] measure " in line or ": started (pid" in line]
+    assert [e.split(" (pid")[0] for e in events] == [
+        "ours-tp2: started", "stock-tp2: started", "measure ours-tp2", "measure stock-tp2 round 1",
+        "ours-ep: started", "measure ours-ep", "measure stock-tp2 round 2"], events
+    ours, ep, stock = ((flash / f"{t}.serve.log").read_text() for t in ("ours-tp2", "ours-ep", "stock-tp2"))
+    assert "engine.ep=false" in ours and "engine.ep=true" in ep and "| GPUs 0,1 " in ep and "| GPUs 2,3 " in stock
+    assert "backend.moe=marlin" in stock and "backend.moe=triton_w4a16" in ep
+    for served in (ours, ep, stock):
+        assert "| dg /tmp/cache-dg " in served and "| warmup skip" in served
+    assert "cache-stock/tilelang" in stock and "cache-ours/tilelang" in ep
+    assert sorted(p.name for p in flash.glob("*.json")) == [
+        "ours-ep-r1.json", "ours-tp2-r1.json", "stock-tp2-r1.json", "stock-tp2-r2.json"]
+    assert "phase both done" in log and "all done" in log
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert str(flash / "runs") not in ps

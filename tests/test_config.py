@@ -29,3 +29,11 @@ def test_a_source_format_the_family_does_not_declare_is_refused():
     assert "expected one of bf16, modelopt" in msg and "Fix: set model.source_format=bf16" in msg
     with pytest.raises(ValueError, match="expected one of bf16, modelopt, official, found 'fp8'"):
         ModelConfig(name="m", family="deepseek_v4", factory="f", source_format="fp8")
+
+
+def test_a_negative_runtime_reserve_names_the_key_and_the_fix():
+    from nvfp4stack.config import ArchConfig
+
+    assert ArchConfig(name="sm90", runtime_reserve_gb=5.0).runtime_reserve_gb == 5.0
+    with pytest.raises(ValueError, match=r"arch.runtime_reserve_gb=-1.0: expected GB >= 0 .* fix: set it to 0"):
+        ArchConfig(name="sm90", runtime_reserve_gb=-1.0)

@@ -13,8 +13,8 @@ _registered = False
 
 
 def register() -> bool:
-    """Register the ``nvfp4stack`` quantization config, the ``synthetic`` load format and the CPU NVFP4
-    linear kernel.
+    """Register the ``nvfp4stack`` quantization config, the ``synthetic`` load format, the CPU NVFP4
+    linear kernel (CPU), and what each model family adds (``ModelFamily.register_vllm``).
 
     Idempotent (vLLM may call plugins more than once per process). Returns True when vLLM is
     present and everything was registered, False when vLLM is not installed.
@@ -40,6 +40,10 @@ def register() -> bool:
 
     if current_platform.is_cpu():  # GPUs have vLLM's own NVFP4 linear kernels
         _register_cpu_nvfp4_linear()
+    from nvfp4stack.families.registry import families
+
+    for family in families():   # e.g. a family's kernel warm-up on CUDA
+        family.register_vllm("cpu" if current_platform.is_cpu() else "cuda" if current_platform.is_cuda() else "other")
     _registered = True
     log.info("nvfp4stack: registered vLLM quantization config %r", QUANT_METHOD)
     return True

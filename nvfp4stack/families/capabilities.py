@@ -120,6 +120,8 @@ class SupportsServing(FamilyIdentity):
     ``vllm_tokenizer_modes`` vLLM ``--tokenizer-mode`` values the family adds.
     ``serve_checkpoint(cfg, plan, build)``  the dir vLLM serves for a factory model, or None;
                              ``serve_factories`` lists the factories it answers for.
+    ``register_vllm(platform)``  what the family adds to vLLM in every process (the plugin calls it
+                             with "cuda", "cpu", ...); nothing by default.
     """
 
     vllm_quant_methods: tuple[str, ...] = ()
@@ -129,6 +131,9 @@ class SupportsServing(FamilyIdentity):
     def serve_checkpoint(self, cfg, plan, build: bool = True) -> Path | None:
         """The directory vLLM serves for ``cfg.model.factory``, or None when the family has none."""
         return None
+
+    def register_vllm(self, platform: str) -> None:
+        """Register the family's additions to vLLM in this process (vLLM's plugin hook); none by default."""
 
 
 class SupportsDoctor(FamilyIdentity):

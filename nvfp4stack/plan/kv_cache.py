@@ -103,13 +103,14 @@ def kv_cache_report(hf_config: dict, engine_cfg, arch_cfg, weight_bytes_per_gpu:
     per_seq = sum(c.bytes_per_seq for c in lines)
     util = getattr(engine_cfg, "gpu_memory_utilization", None) or DEFAULT_GPU_UTIL
     gpu_bytes = float(getattr(arch_cfg, "gpu_memory_gb", 0.0) or 0.0) * GB
+    reserve = float(getattr(arch_cfg, "runtime_reserve_gb", 0.0) or 0.0) * GB
     max_len = getattr(engine_cfg, "max_model_len", None) or int(hf_config.get("max_position_embeddings", 0)) or None
     out = {
         "kv_cache_dtype": kv_dtype, "stored_as": stored, "model_dtype": dtype, "block_size": block,
         "mtp_layers_cached": mtp_layers,
         "caches": [vars(c) for c in lines],
         "bytes_per_token": per_token, "bytes_per_seq": per_seq,
-        "gpu_memory_bytes": gpu_bytes, "gpu_memory_utilization": util,
+        "gpu_memory_bytes": gpu_bytes, "gpu_memory_utilization": util, "runtime_reserve_bytes": reserve,
         "weight_bytes_per_gpu": float(weight_bytes_per_gpu), "max_model_len": max_len,
         "kv_budget_bytes": None, "max_kv_tokens": None, "max_context_one_seq": None, "max_batch_at_max_len": None,
     }
@@ -129,7 +130,7 @@ def kv_cache_report(hf_config: dict, engine_cfg, arch_cfg, weight_bytes_per_gpu:
         }
     if gpu_bytes <= 0:
         return out
-    budget = gpu_bytes * util - weight_bytes_per_gpu
+    budget = gpu_bytes * util - weight_bytes_per_gpu - reserve
     out["kv_budget_bytes"] = budget
     if pool:
         return _fit_pool(out, pool, budget, max_len, in_flight)
@@ -205,9 +206,12 @@ def format_kv_report(d: dict) -> str:
     if d["kv_budget_bytes"] is None:
         lines.append("  no GPU memory given (arch.gpu_memory_gb=0): set it to get the tokens that fit")
         return "\n".join(lines)
+    reserve = d.get("runtime_reserve_bytes") or 0.0
     lines.append(
         f"  budget: {d['gpu_memory_bytes'] / GB:,.1f} GB x {d['gpu_memory_utilization']:.2f} - weights "
-        f"{d['weight_bytes_per_gpu'] / GB:,.2f} GB = {d['kv_budget_bytes'] / GB:,.2f} GB for KV cache per GPU")
+        f"{d['weight_bytes_per_gpu'] / GB:,.2f} GB"
+        + (f" - vLLM's runtime reserve {reserve / GB:,.2f} GB (arch.runtime_reserve_gb)" if reserve else "")
+        + f" = {d['kv_budget_bytes'] / GB:,.2f} GB for KV cache per GPU")
     if d["max_kv_tokens"] is None:
         lines.append("  " + nothing_fits(d))
         return "\n".join(lines)

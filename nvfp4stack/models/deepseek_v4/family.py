@@ -126,6 +126,12 @@ class DeepseekV4Family(ModelFamily):
         bf16 = [g.name for g in groups if g.role in FP8_CONFIG_LINEAR_ROLES and stored[g.name] is Scheme.BF16]
         return served_config(src_config, {(g.role, g.target) for g in groups if g.converter}, bf16)
 
+    def register_vllm(self, platform: str) -> None:
+        if platform == "cuda":   # vLLM 0.26: the mHC kernels compiled at start, not mid-serving
+            from nvfp4stack.models.deepseek_v4.mhc_warmup import install
+
+            install()
+
     def check_checkpoint(self, config: dict, tensors: dict, report) -> bool:
         from nvfp4stack.models.deepseek_v4.doctor import check_checkpoint
 

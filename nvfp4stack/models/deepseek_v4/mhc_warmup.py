@@ -1,0 +1,115 @@
+"""DeepSeek-V4's mHC TileLang kernels compiled at start for every token count a step can have (vLLM 0.26).
+
+vLLM 0.26's mHC kernels (``mhc_pre_big_fuse_broadcast_with_norm``, ``mhc_pre_big_fuse_with_norm``) are
+compiled per ``n_splits``, which vLLM picks from the step's token count in 64-token buckets
+(``compute_num_split(64, k, cdiv(num_tokens, 64))``), so a step of a new size stops every rank for a
+TileLang compile (13-14 s each on an H200 host; 13 of them inside one client run on two H200s,
+2026-11-27). vLLM 0.26's own ``deepseek_v4_mhc_warmup`` is meant to prevent that, but it looks for
+``hc_pre``/``hc_post`` methods that 0.26's CUDA ``DeepseekV4DecoderLayer`` does not have, and warms
+nothing. vLLM 0.32 replaced it with a warm-up over the kernels' compile keys.
+
+``install()`` (called by the plugin in every process) wraps the name vLLM 0.26's ``kernel_warmup()``
+calls: after vLLM's own (no-op) warm-up, ``warm_every_split`` runs the first decoder layer's mHC ops
+the way its ``forward`` does (vLLM's own kernel functions, on the layer's own parameters) at token
+counts 1, 2, 4, 8, 16 and every 64-token bucket up to ``max_num_batched_tokens``. A size whose
+kernels are compiled costs a launch; each new specialization is compiled once, at start, and
+TileLang's cache keeps it for the next start. ``NVFP4STACK_MHC_WARMUP=0`` turns it off.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+log = logging.getLogger("nvfp4stack.engine")
+
+ENV = "NVFP4STACK_MHC_WARMUP"
+_MARK = "__nvfp4stack_mhc_warmup__"
+
+
+def token_counts(max_tokens: int) -> list[int]:
+    """1, 2, 4, 8, 16 (the small-token kernels) and the top of every 64-token bucket up to max_tokens."""
+    sizes = {t for t in (1, 2, 4, 8, 16) if t <= max_tokens}
+    sizes.update(range(64, max_tokens + 1, 64))
+    if max_tokens >= 1:
+        sizes.add(max_tokens)
+    return sorted(sizes)
+
+
+def first_mhc_layer(model):
+    """The decoder layer whose ``forward`` runs the broadcast mHC pre (the first one), or None."""
+    for module in model.modules():
+        if type(module).__name__ == "DeepseekV4DecoderLayer" and getattr(module, "hc_attn_fn_broadcast", None) is not None:
+            return module
+    return None
+
+
+def warm_every_split(model, max_tokens: int, kernels=None) -> int:
+    """Run layer 0's mHC ops as its ``forward`` does at every token count of ``token_counts``.
+
+    Args:
+        model: vLLM's DeepSeek-V4 model (any module holding its decoder layers).
+        max_tokens: the scheduler's max_num_batched_tokens.
+        kernels: ``(mhc_pre_broadcast, mhc_fused_post_pre)``; vLLM's own TileLang functions by default.
+    Returns:
+        the number of token counts run (0 when the model has no such layer).
+    """
+    import torch
+
+    layer = first_mhc_layer(model)
+    if layer is None:
+        return 0
+    if kernels is None:
+        from vllm.model_executor.kernels.mhc.tilelang import mhc_fused_post_pre_tilelang, mhc_pre_broadcast_tilelang
+
+        kernels = (mhc_pre_broadcast_tilelang, mhc_fused_post_pre_tilelang)
+    pre_broadcast, fused_post_pre = kernels
+    sizes = token_counts(max_tokens)
+    hc = (layer.rms_norm_eps, layer.hc_eps, layer.hc_eps, layer.hc_post_alpha, layer.hc_sinkhorn_iters)
+    x_all = torch.zeros(sizes[-1], layer.hidden_size, dtype=torch.bfloat16, device=layer.hc_attn_fn.device)
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        for n in sizes:
+            residual, post_mix, res_mix, x = pre_broadcast(
+                x_all[:n], layer.hc_attn_fn, layer.hc_attn_scale, layer.hc_attn_base, *hc,
+                norm_weight=layer.attn_norm.weight.data, norm_eps=layer.attn_norm.variance_epsilon,
+                fn_broadcast=layer.hc_attn_fn_broadcast)
+            fused_post_pre(x, residual, post_mix, res_mix, layer.hc_ffn_fn, layer.hc_ffn_scale, layer.hc_ffn_base,
+                           *hc, n_splits=1, tile_n=1, norm_weight=layer.ffn_norm.weight.data,
+                           norm_eps=layer.ffn_norm.variance_epsilon)
+    if x_all.is_cuda:
+        torch.cuda.synchronize(x_all.device)
+    log.info("nvfp4stack: DeepSeek-V4 mHC kernels warmed at %d token counts (1 to %d) in %.1f s",
+             len(sizes), sizes[-1], time.perf_counter() - t0)
+    return len(sizes)
+
+
+def install() -> bool:
+    """Wrap vLLM 0.26's ``kernel_warmup.deepseek_v4_mhc_warmup``; False where there is nothing to wrap
+    (another vLLM, no CUDA build) or ``NVFP4STACK_MHC_WARMUP=0``."""
+    if os.environ.get(ENV, "1") == "0":
+        return False
+    try:
+        from vllm.model_executor.warmup import kernel_warmup
+    except ImportError:
+        return False
+    vllms = getattr(kernel_warmup, "deepseek_v4_mhc_warmup", None)
+    if vllms is None:
+        return False
+    if getattr(vllms, _MARK, False):
+        return True
+
+    def deepseek_v4_mhc_warmup(model, *, max_tokens: int, cudagraph_capture_sizes=None):
+        vllms(model, max_tokens=max_tokens, cudagraph_capture_sizes=cudagraph_capture_sizes)
+        layer = first_mhc_layer(model)
+        if layer is None or layer.hc_attn_fn.device.type != "cuda":
+            return
+        try:
+            warm_every_split(model, max_tokens)
+        except Exception as e:   # a warm-up is an optimization: vLLM compiles at first use as before
+            log.warning("nvfp4stack: DeepSeek-V4 mHC warm-up stopped (%s: %s); kernels of new token counts "
+                        "compile at first use; %s=0 turns the warm-up off", type(e).__name__, e, ENV)
+
+    setattr(deepseek_v4_mhc_warmup, _MARK, True)
+    kernel_warmup.deepseek_v4_mhc_warmup = deepseek_v4_mhc_warmup
+    return True

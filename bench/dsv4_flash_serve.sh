@@ -29,7 +29,9 @@ OUT=${OUT:-/tmp/nvfp4stack-out}
 RUNS=${RUNS:-$OUT}   # run directories (vLLM log, launch command, pid); the JSON and serve log go to $OUT
 PORT=${PORT:-8011}
 TAG=${TAG:-$MOE-tp$TP-ep$EP}
-READY_TIMEOUT_S=${READY_TIMEOUT_S:-540}
+# a cold start at full depth took 583-606 s on H200s (2026-11-26/27), before the plugin's mHC warm-up (about 38
+# TileLang compiles, some 8 more minutes on a fresh host; nvfp4stack/models/deepseek_v4/mhc_warmup.py)
+READY_TIMEOUT_S=${READY_TIMEOUT_S:-1500}
 mkdir -p "$OUT" "$RUNS"
 export PYTHONPATH="$(bash nvfp4stack/bundle/gpu_host.sh pythonpath):$PWD"
 if [ -n "${CACHE:-}" ]; then

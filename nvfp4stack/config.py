@@ -75,7 +75,8 @@ class ArchConfig:
     name: str = "auto"
     gpu_memory_gb: float = 0.0   # decimal GB per GPU, for the memory planner; 0 = unknown
     # what vLLM keeps per GPU beyond weights and KV cache (its memory profile: activations at
-    # max_num_batched_tokens, CUDA graphs, NCCL); the planner takes it off the KV budget. 0 = not modeled
+    # max_num_batched_tokens, the CUDA-graph estimate for the captured sizes, NCCL), in decimal GB; it
+    # depends on the serving settings as much as on the GPU. The planner takes it off the KV budget. 0 = not modeled
     runtime_reserve_gb: float = 0.0
     description: str = ""
 
@@ -85,7 +86,7 @@ class ArchConfig:
         _check_choice("arch.name", self.name, ["auto", *KNOWN_ARCHS])
         if not self.runtime_reserve_gb >= 0:
             raise ValueError(f"arch.runtime_reserve_gb={self.runtime_reserve_gb!r}: expected GB >= 0 (what vLLM keeps "
-                             "per GPU beyond weights and KV cache); fix: set it to 0 or a measured figure")
+                             "per GPU beyond weights and KV cache). Fix: set it to 0 or a measured figure")
 
 
 _NOT_ROLES = ("mtp", "fp8_scale_fmt", "rules")

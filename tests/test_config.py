@@ -35,5 +35,5 @@ def test_a_negative_runtime_reserve_names_the_key_and_the_fix():
     from nvfp4stack.config import ArchConfig
 
     assert ArchConfig(name="sm90", runtime_reserve_gb=5.0).runtime_reserve_gb == 5.0
-    with pytest.raises(ValueError, match=r"arch.runtime_reserve_gb=-1.0: expected GB >= 0 .* fix: set it to 0"):
+    with pytest.raises(ValueError, match=r"arch.runtime_reserve_gb=-1.0: expected GB >= 0 .* Fix: set it to 0"):
         ArchConfig(name="sm90", runtime_reserve_gb=-1.0)

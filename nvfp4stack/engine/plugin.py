@@ -42,8 +42,13 @@ def register() -> bool:
         _register_cpu_nvfp4_linear()
     from nvfp4stack.families.registry import families
 
-    for family in families():   # e.g. a family's kernel warm-up on CUDA
-        family.register_vllm("cpu" if current_platform.is_cpu() else "cuda" if current_platform.is_cuda() else "other")
+    platform = "cpu" if current_platform.is_cpu() else "cuda" if current_platform.is_cuda() else "other"
+    for family in families():   # e.g. a family's kernel warm-up on CUDA; vLLM does not catch a plugin's errors
+        try:
+            family.register_vllm(platform)
+        except Exception as e:
+            log.warning("nvfp4stack: family %s: its vLLM additions were not registered (%s: %s)",
+                        family.name, type(e).__name__, e)
     _registered = True
     log.info("nvfp4stack: registered vLLM quantization config %r", QUANT_METHOD)
     return True

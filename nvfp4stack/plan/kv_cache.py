@@ -166,11 +166,18 @@ def nothing_fits(d: dict | None) -> str | None:
     if v and d["kv_budget_bytes"] > 0:
         return (f"NOTHING FITS at engine.max_model_len={d['max_model_len']}: vLLM {v['version']} needs "
                 f"{v['one_request_bytes'] / GB:,.2f} GB of KV cache for one such request, the budget is "
-                f"{d['kv_budget_bytes'] / GB:,.2f} GB per GPU; lower engine.max_model_len, add GPUs (engine.tp/ep) "
-                "or shrink the weights (precision.*)")
+                f"{d['kv_budget_bytes'] / GB:,.2f} GB per GPU{_reserve_note(d)}; lower engine.max_model_len, add GPUs "
+                f"(engine.tp/ep) or shrink the weights (precision.*)")
     return (f"NOTHING FITS on this layout: the weights leave no room for KV cache "
             f"({d['weight_bytes_per_gpu'] / GB:,.2f} GB of weights per GPU, budget {d['gpu_memory_bytes'] / GB:,.1f} GB "
-            f"x {d['gpu_memory_utilization']:.2f}); add GPUs (engine.tp/ep) or shrink the weights (precision.*)")
+            f"x {d['gpu_memory_utilization']:.2f}{_reserve_note(d)}); add GPUs (engine.tp/ep) or shrink the weights "
+            "(precision.*)")
+
+
+def _reserve_note(d: dict) -> str:
+    """How much of the budget vLLM's runtime reserve took, where the recipe sets one."""
+    r = d.get("runtime_reserve_bytes") or 0.0
+    return f", after vLLM's runtime reserve of {r / GB:,.2f} GB (arch.runtime_reserve_gb)" if r else ""
 
 
 def _pool_lines(d: dict) -> list[str]:

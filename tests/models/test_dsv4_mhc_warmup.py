@@ -24,13 +24,17 @@ def test_token_counts_cover_every_64_token_bucket_and_the_small_kernels():
     assert mhc_warmup.token_counts(0) == []
     # every bucket cdiv(n, 64) from 1 to 128 has one count, so every split vLLM derives from it is compiled
     assert {-(-n // 64) for n in sizes} == set(range(1, 129))
+    # past the SM count a bucket's split is 1 whatever its size: the counts stop one bucket later
+    capped = mhc_warmup.token_counts(1 << 20, sms=132)
+    assert capped[-1] == 64 * 133 and {-(-n // 64) for n in capped} == set(range(1, 134))
+    assert mhc_warmup.token_counts(1000, sms=132) == mhc_warmup.token_counts(1000)
 
 
 class DeepseekV4DecoderLayer(nn.Module):   # the name vLLM's class has: the warm-up finds layers by it
     def __init__(self, hidden: int = 8, hc: int = 4, broadcast: bool = True):
         super().__init__()
         g = torch.Generator().manual_seed(0)
-        self.hidden_size, self.rms_norm_eps, self.hc_eps = hidden, 1e-6, 1e-6
+        self.hidden_size, self.hc_mult, self.rms_norm_eps, self.hc_eps = hidden, hc, 1e-6, 1e-6
         self.hc_post_alpha, self.hc_sinkhorn_iters = 2.0, 20
         self.hc_attn_fn = nn.Parameter(torch.randn(hc * (2 + hc), hc * hidden, generator=g), requires_grad=False)
         self.hc_ffn_fn = nn.Parameter(torch.randn(hc * (2 + hc), hc * hidden, generator=g), requires_grad=False)
@@ -86,7 +90,40 @@ def test_warm_runs_the_first_layers_ops_as_its_forward_does_at_every_count():
 
 def test_no_layer_no_warmup():
     assert mhc_warmup.warm_every_split(nn.Sequential(nn.Linear(2, 2)), 64, kernels=_recording_kernels([])) == 0
-    assert mhc_warmup.first_mhc_layer(nn.ModuleList([DeepseekV4DecoderLayer(broadcast=False)])) is None
+    assert mhc_warmup.first_mhc_layer(nn.Sequential(nn.Linear(2, 2))) is None
+
+
+def test_a_later_pipeline_stage_warms_the_fused_kernel_on_inputs_of_the_previous_stages_shapes():
+    """Past the first pipeline stage the first layer has no broadcast weight (vLLM sets it on the first
+    stage only) and its forward starts at the fused post + pre, on the previous stage's outputs."""
+    model = nn.ModuleList([DeepseekV4DecoderLayer(broadcast=False)])
+    calls: list = []
+    seen = []
+    pre, fused = _recording_kernels(calls)
+
+    def fused_shapes(x, residual, post_mix, res_mix, *a, **k):
+        seen.append((tuple(x.shape), x.dtype, tuple(residual.shape), residual.dtype, tuple(post_mix.shape),
+                     post_mix.dtype, tuple(res_mix.shape), res_mix.dtype))
+        return fused(x, residual, post_mix, res_mix, *a, **k)
+
+    assert mhc_warmup.warm_every_split(model, 70, kernels=(pre, fused_shapes)) == 7
+    assert [c[0] for c in calls] == ["fused"] * 7
+    bf16, f32 = torch.bfloat16, torch.float32
+    assert seen[-1] == ((70, 8), bf16, (70, 4, 8), bf16, (70, 4, 1), f32, (70, 4, 4), f32)
+    assert [c[2] is model[0].hc_ffn_fn for c in calls] == [True] * 7
+
+
+def test_the_kernels_take_the_arguments_the_warmup_passes():
+    """On a vLLM 0.26 GPU host: vLLM's own kernel functions accept the warm-up's calls as written."""
+    import inspect
+
+    vllm = pytest.importorskip("vllm")
+    if not vllm.__version__.startswith("0.26"):
+        pytest.skip(f"vLLM {vllm.__version__}: the warm-up extends vLLM 0.26's (a GPU host's) kernel_warmup only")
+    tl = pytest.importorskip("vllm.model_executor.kernels.mhc.tilelang", reason="needs tilelang (DSV4 bundle)")
+    inspect.signature(tl.mhc_pre_broadcast_tilelang).bind(*range(9), norm_weight=0, norm_eps=0, fn_broadcast=0)
+    inspect.signature(tl.mhc_fused_post_pre_tilelang).bind(*range(12), n_splits=1, tile_n=1, norm_weight=0,
+                                                            norm_eps=0)
 
 
 @pytest.fixture

@@ -124,6 +124,14 @@ def test_nothing_fits_when_one_max_len_request_does_not():
     assert "lower engine.max_model_len" in line and line in format_kv_report(r)
     fits = kv_cache_report(FLASH, engine, SimpleNamespace(gpu_memory_gb=141.0), weights - 2e6)
     assert fits["max_kv_tokens"] is not None and nothing_fits(fits) is None
+    # the same budget reached with part of it as vLLM's runtime reserve: the reason names that key too
+    reserved = kv_cache_report(FLASH, engine, SimpleNamespace(gpu_memory_gb=141.0, runtime_reserve_gb=5.0),
+                               weights - 5e9)
+    assert reserved["kv_budget_bytes"] == pytest.approx(r["kv_budget_bytes"])
+    assert "after vLLM's runtime reserve of 5.00 GB (arch.runtime_reserve_gb)" in nothing_fits(reserved)
+    none_left = kv_cache_report(FLASH, engine, SimpleNamespace(gpu_memory_gb=141.0, runtime_reserve_gb=200.0), 1e9)
+    assert nothing_fits(none_left).startswith("NOTHING FITS on this layout") and "(arch.runtime_reserve_gb)" in \
+        nothing_fits(none_left)
 
 
 # vLLM 0.26.0's logs on H200s, synthetic DeepSeek-V4-Flash weights, no MTP draft, max_model_len 4096,

@@ -11,7 +11,8 @@ nothing. vLLM 0.32 replaced it with a warm-up over the kernels' compile keys.
 ``install()`` (called by the plugin in every process) wraps the name vLLM 0.26's ``kernel_warmup()``
 calls: after vLLM's own (no-op) warm-up, ``warm_every_split`` runs the first decoder layer's mHC ops
 the way its ``forward`` does (vLLM's own kernel functions, on the layer's own parameters) at token
-counts 1, 2, 4, 8, 16 and every 64-token bucket up to ``max_num_batched_tokens``. A size whose
+counts 1, 2, 4, 8, 16 and every 64-token bucket up to ``max_num_batched_tokens`` (at most to the
+bucket past the GPU's SM count, where the split stops changing). A size whose
 kernels are compiled costs a launch; each new specialization is compiled once, at start, and
 TileLang's cache keeps it for the next start. ``NVFP4STACK_MHC_WARMUP=0`` turns it off.
 """
@@ -27,19 +28,24 @@ ENV = "NVFP4STACK_MHC_WARMUP"
 _MARK = "__nvfp4stack_mhc_warmup__"
 
 
-def token_counts(max_tokens: int) -> list[int]:
-    """1, 2, 4, 8, 16 (the small-token kernels) and the top of every 64-token bucket up to max_tokens."""
-    sizes = {t for t in (1, 2, 4, 8, 16) if t <= max_tokens}
-    sizes.update(range(64, max_tokens + 1, 64))
-    if max_tokens >= 1:
-        sizes.add(max_tokens)
+def token_counts(max_tokens: int, sms: int | None = None) -> list[int]:
+    """1, 2, 4, 8, 16 (the small-token kernels) and the top of every 64-token bucket up to max_tokens.
+
+    With ``sms`` (the GPU's SM count) the buckets stop at ``sms + 1``: past ``sms`` CTAs a bucket's
+    split is 1 whatever its size, so larger counts compile nothing new and only cost launches."""
+    top = min(max_tokens, 64 * (sms + 1)) if sms else max_tokens
+    sizes = {t for t in (1, 2, 4, 8, 16) if t <= top}
+    sizes.update(range(64, top + 1, 64))
+    if top >= 1:
+        sizes.add(top)
     return sorted(sizes)
 
 
 def first_mhc_layer(model):
-    """The decoder layer whose ``forward`` runs the broadcast mHC pre (the first one), or None."""
+    """This rank's first decoder layer (the one whose ``forward`` runs the broadcast mHC pre on the first
+    pipeline stage; on a later stage its inputs come from the previous one), or None."""
     for module in model.modules():
-        if type(module).__name__ == "DeepseekV4DecoderLayer" and getattr(module, "hc_attn_fn_broadcast", None) is not None:
+        if type(module).__name__ == "DeepseekV4DecoderLayer" and hasattr(module, "hc_attn_fn"):
             return module
     return None
 
@@ -64,16 +70,29 @@ def warm_every_split(model, max_tokens: int, kernels=None) -> int:
 
         kernels = (mhc_pre_broadcast_tilelang, mhc_fused_post_pre_tilelang)
     pre_broadcast, fused_post_pre = kernels
-    sizes = token_counts(max_tokens)
+    device = layer.hc_attn_fn.device
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else None
+    sizes = token_counts(max_tokens, sms)
+    if not sizes:
+        return 0
     hc = (layer.rms_norm_eps, layer.hc_eps, layer.hc_eps, layer.hc_post_alpha, layer.hc_sinkhorn_iters)
-    x_all = torch.zeros(sizes[-1], layer.hidden_size, dtype=torch.bfloat16, device=layer.hc_attn_fn.device)
+    m, h = layer.hc_mult, layer.hidden_size
+    x_all = torch.zeros(sizes[-1], h, dtype=torch.bfloat16, device=device)
+    broadcast = getattr(layer, "hc_attn_fn_broadcast", None)
+    if broadcast is None:   # a later pipeline stage: the previous stage's outputs, as zeros of their shapes
+        res_all = torch.zeros(sizes[-1], m, h, dtype=torch.bfloat16, device=device)
+        post_all = torch.zeros(sizes[-1], m, 1, dtype=torch.float32, device=device)
+        mix_all = torch.zeros(sizes[-1], m, m, dtype=torch.float32, device=device)
     t0 = time.perf_counter()
     with torch.inference_mode():
         for n in sizes:
-            residual, post_mix, res_mix, x = pre_broadcast(
-                x_all[:n], layer.hc_attn_fn, layer.hc_attn_scale, layer.hc_attn_base, *hc,
-                norm_weight=layer.attn_norm.weight.data, norm_eps=layer.attn_norm.variance_epsilon,
-                fn_broadcast=layer.hc_attn_fn_broadcast)
+            if broadcast is not None:
+                residual, post_mix, res_mix, x = pre_broadcast(
+                    x_all[:n], layer.hc_attn_fn, layer.hc_attn_scale, layer.hc_attn_base, *hc,
+                    norm_weight=layer.attn_norm.weight.data, norm_eps=layer.attn_norm.variance_epsilon,
+                    fn_broadcast=broadcast)
+            else:
+                residual, post_mix, res_mix, x = res_all[:n], post_all[:n], mix_all[:n], x_all[:n]
             fused_post_pre(x, residual, post_mix, res_mix, layer.hc_ffn_fn, layer.hc_ffn_scale, layer.hc_ffn_base,
                            *hc, n_splits=1, tile_n=1, norm_weight=layer.ffn_norm.weight.data,
                            norm_eps=layer.ffn_norm.variance_epsilon)
@@ -91,7 +110,8 @@ def install() -> bool:
         return False
     try:
         from vllm.model_executor.warmup import kernel_warmup
-    except ImportError:
+    except ImportError as e:
+        log.debug("nvfp4stack: no vLLM kernel_warmup to extend (%s)", e)
         return False
     except Exception as e:   # never let an optional warm-up stop vLLM's plugin loading
         log.warning("nvfp4stack: DeepSeek-V4 mHC warm-up not installed (%s: %s)", type(e).__name__, e)

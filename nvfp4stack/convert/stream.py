@@ -66,10 +66,19 @@ log = logging.getLogger(__name__)
 _append_journal = append_journal  # looked up at each shard close, where tests interrupt a run
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity: a container's or taskset's limit), not the host's."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):   # no sched_getaffinity (macOS, Windows)
+        return os.cpu_count() or 1
+
+
 def resolve_workers(workers: int) -> int:
-    """convert.workers: 0 (auto) -> one shard in flight per two cores (each keeps about one converting
-    and one hashing), 1 to 8; on 2 cores a second shard only oversubscribes torch's threads (~25% slower)."""
-    return workers or max(1, min(8, (os.cpu_count() or 1) // 2))
+    """convert.workers: 0 (auto) -> one shard in flight per two usable cores (each keeps about one
+    converting and one hashing), 1 to 8; on 2 cores a second shard only oversubscribes torch's threads
+    (~25% slower)."""
+    return workers or max(1, min(8, usable_cores() // 2))
 
 
 @contextlib.contextmanager

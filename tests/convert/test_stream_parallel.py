@@ -236,3 +236,18 @@ def test_the_task_passes_convert_workers(tmp_path, monkeypatch, closers):
     assert task.run(cfg_for(tmp_path, rules=rules, max_shard_bytes=1500, dst="three", workers=3)) == 0
     assert len(closers) >= 3 and all(t.startswith("convert-shard") for t in closers.values())
     assert tree_bytes(tmp_path / "three") == tree_bytes(tmp_path / "one")
+
+
+def test_auto_workers_count_the_cores_this_process_may_use(monkeypatch):
+    """A container or taskset limit (CPU affinity) bounds the auto count, not the host's core count."""
+    monkeypatch.setattr(stream.os, "sched_getaffinity", lambda pid: set(range(4)), raising=False)
+    monkeypatch.setattr(stream.os, "cpu_count", lambda: 64)
+    assert stream.usable_cores() == 4 and stream.resolve_workers(0) == 2
+    monkeypatch.setattr(stream.os, "sched_getaffinity", lambda pid: set(range(32)), raising=False)
+    assert stream.resolve_workers(0) == 8 and stream.resolve_workers(5) == 5
+
+    def unsupported(pid):
+        raise OSError("no affinity here")
+
+    monkeypatch.setattr(stream.os, "sched_getaffinity", unsupported, raising=False)
+    assert stream.usable_cores() == 64

@@ -21,7 +21,6 @@ import argparse
 import itertools
 import json
 import math
-import os
 import sys
 import time
 from collections import deque
@@ -36,6 +35,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from nvfp4stack.checkpoint.safetensors_io import save_sharded  # noqa: E402
+from nvfp4stack.convert.stream import usable_cores  # noqa: E402
 from nvfp4stack.families.resolve import descriptor_files, with_num_layers  # noqa: E402
 from nvfp4stack.io_atomic import atomic_dir  # noqa: E402
 from nvfp4stack.models.deepseek_v4.spec import TensorGroup, dsv4_tensor_groups  # noqa: E402
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     src.add_argument("--descriptor", default="dsv4_flash", help="shipped descriptor name (models/descriptors)")
     src.add_argument("--config", type=Path, help="a DeepSeek-V4 config.json to use instead of a descriptor")
     ap.add_argument("--shard-mb", type=float, default=1024, help="close a shard once it holds this many MiB")
-    ap.add_argument("--jobs", type=int, default=max(1, min(16, os.cpu_count() or 1)),
+    ap.add_argument("--jobs", type=int, default=max(1, min(16, usable_cores())),
                     help="tensor groups drawn at once (threads); the bytes are the same for every value")
     a = ap.parse_args(argv)
     if a.config is not None:

@@ -59,6 +59,8 @@ def test_alignment_invariants(tokens, top_k, experts, block_m, ep):
     nb = int(r.num_padded) // block_m
     assert torch.equal(torch.bincount(r.expert_ids[:nb].long(), minlength=experts), padded // block_m)
     assert bool((r.expert_ids[nb:] == -1).all())
+    # the kernels' grids cover every used block, and no more than the routed slots
+    assert nb <= r.grid_blocks <= min(slots, r.max_blocks)
 
 
 @pytest.mark.parametrize("ep", [False, True])
@@ -80,6 +82,7 @@ def test_split_regions(tokens, top_k, experts, ep):
     for r, bm, mine in ((small, 16, counts <= 16), (big, 32, counts > 16)):
         n = int(r.num_padded)
         assert n == int(((counts + bm - 1) // bm * bm)[mine].sum())
+        assert n // bm <= r.grid_blocks <= slots
         assert bool((r.sorted_ids[n:] == slots).all()) and bool((r.expert_ids[n // bm:] == -1).all())
         for b in range(n // bm):
             blk = r.sorted_ids[b * bm:(b + 1) * bm]

@@ -163,6 +163,47 @@ def _check(x, w13, w2, wts, ids, config=None, label=""):
     return err
 
 
+def test_fill_split_cuts_under_filled_decode_launches():
+    """split_k from the CTAs a launch has (tile_choice.fill_split): the measured cases (H200, 132 SMs) and
+    what it leaves alone."""
+    from nvfp4stack.kernels.moe.hopper_w4a16.tile_choice import (
+        _DECODE_FEW,
+        _DECODE_T16_RING,
+        DecodeConfig,
+        TileConfig,
+        fill_split,
+    )
+
+    def splits(active, hidden, inter, pair=_DECODE_FEW, sms=132):
+        return [c.split_k for c in fill_split(pair, active, hidden, inter, sms)]
+
+    assert splits(6, 4096, 2048) == [2, 2]  # Flash, one token: 192 CTAs per GEMM -> 384
+    assert splits(12, 4096, 2048) == [1, 1]  # two tokens: 384 CTAs, splitting cost 4-12%
+    assert splits(6, 7168, 3072) == [1, 1]  # Pro, one token: 288 / 336 CTAs
+    assert splits(6, 4096, 1024) == [4, 2]  # Flash at TP 2 (I 1024): L1 has 96 CTAs
+    assert splits(1, 4096, 2048) == [8, 8]  # the cap
+    assert splits(6, 4096, 2048, sms=0) == [1, 1]  # no GPU figure: as picked
+    # K steps that do not divide: Pro's hidden 7168 is 28 steps of 256, so L1 goes no further than 4
+    assert fill_split(_DECODE_FEW, 1, 7168, 3072, 132)[0].split_k == 4
+    # other tiles come back as they are
+    ring = _DECODE_T16_RING
+    assert fill_split(ring, 1, 4096, 2048, 132) == ring
+    triton = (TileConfig(16, 64, 256, 4, 3),) * 2
+    assert fill_split(triton, 1, 4096, 2048, 132) == triton
+    pre = (DecodeConfig(8, 1, 256, 8, 0, split_k=2),) * 2
+    assert fill_split(pre, 1, 4096, 2048, 132) == pre
+
+
+def test_split_k_config_is_checked():
+    from nvfp4stack.kernels.moe.hopper_w4a16.tile_choice import DecodeConfig
+
+    assert DecodeConfig(8, 1, 256, 8, 0, split_k=4).fits(4096, 2048)
+    assert not DecodeConfig(8, 1, 256, 8, 0, split_k=8).fits(7168, 3072)  # 28 K steps
+    for bad in (dict(split_k=3), dict(split_k=2, wgmma=3, prefetch=3)):
+        with pytest.raises(ValueError, match="split_k"):
+            DecodeConfig(**{**dict(block_t=16, mrep=1, block_k=128, num_warps=4, prefetch=1), **bad})
+
+
 @gpu
 @pytest.mark.gpu
 def test_every_tile_config_small_ragged():

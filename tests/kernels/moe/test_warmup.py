@@ -123,3 +123,13 @@ def test_nothing_compiles_after_warm_up():
         knobs.runtime.jit_cache_hook = old
     print(f"warm-up counts {counts}; {len(tokens)} later calls compiled {compiled}")
     assert compiled == [], f"compiled after warm-up at token counts {tokens}: {compiled}"
+
+
+def test_split_k_tiles_have_their_own_warmup_counts():
+    """On a 132-SM GPU one token at Flash 256 experts runs split-K tiles (192 CTAs per GEMM unsplit), two
+    tokens the unsplit pair: each is a key of its own, so both are compiled at load."""
+    counts = wu.warmup_token_counts(6, 256, 4096, 2048, 64, decode=True, has_fp8=False, sm_count=132)
+    one, two = (wu.launch_key(t, 6, 256, 4096, 2048, decode=True, has_fp8=False, sm_count=132) for t in (1, 2))
+    assert [c.split_k for c in one[0]] == [2, 2] and [c.split_k for c in two[0]] == [1, 1]
+    assert counts[:2] == [1, 2]
+    assert wu.warmup_token_counts(6, 256, 4096, 2048, 64, decode=True, has_fp8=False)[0] == 1  # no SMs: no split

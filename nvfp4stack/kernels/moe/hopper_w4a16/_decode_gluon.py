@@ -39,6 +39,9 @@ from nvfp4stack.kernels.moe.hopper_w4a16._triton_kernels import (
     _w_rows,
 )
 
+# the CTA barrier: gl.thread_barrier in Triton 3.6 (what the GPU hosts run), gl.barrier in later versions
+_cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+
 # tiles carry value * scale * 2**-8 (as in _triton_kernels); the epilogue multiplies it back
 _TILE_UNSCALE = gl.constexpr(256.0)
 _TWO_POW_118 = gl.constexpr(3.3230699894622794e35)
@@ -152,7 +155,7 @@ def _gemm_rows(
     s_row_ptr,  # [ROWS] pointers (SliceLayout(1, SliceLayout(2, W_BLOCKS))) to each row's scales
     x_row_ptr,  # [BT] pointers (SliceLayout(1, X_L)) to each token's activation row
     x_mask,  # [BT] valid tokens
-    K,
+    k_lo, k_hi,  # the K columns this CTA sums: [k_lo, k_hi), multiples of BK
     MMA: gl.constexpr, W_BYTES: gl.constexpr, W_BLOCKS: gl.constexpr, X_L: gl.constexpr,
     ROWS: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, PREFETCH: gl.constexpr, W32_L: gl.constexpr,
     TILED: gl.constexpr,
@@ -168,7 +171,7 @@ def _gemm_rows(
 
     acc = gl.zeros([ROWS, BT], gl.float32, layout=MMA)
     if PREFETCH == 0:  # plain loads, latency hidden by occupancy only
-        for k0 in range(0, K, BK):
+        for k0 in range(k_lo, k_hi, BK):
             w = gl.load(w_ptrs + _w_col0(k0 // 2, BK // 2, TILED))
             sc = _scales(gl.load(s_ptrs + k0 // 16))
             x = gl.load(x_ptrs + k0, mask=xm, other=0.0)
@@ -177,9 +180,9 @@ def _gemm_rows(
         W32: gl.constexpr = W32_L[0]
         w32_row = gl.convert_layout(w_row_ptr, gl.SliceLayout(1, W32)).to(gl.pointer_type(gl.int32), bitcast=True)
         w32_ptrs = gl.expand_dims(w32_row, 1) + gl.expand_dims(_w_words(BK, gl.SliceLayout(0, W32), TILED), 0)
-        w = gl.load(w32_ptrs)
-        sc = gl.load(s_ptrs)
-        for k0 in range(BK, K, BK):
+        w = gl.load(w32_ptrs + _w_col0(k_lo // 2, BK // 2, TILED) // 4)
+        sc = gl.load(s_ptrs + k_lo // 16)
+        for k0 in range(k_lo + BK, k_hi, BK):
             x = gl.load(x_ptrs + (k0 - BK), mask=xm, other=0.0)  # L2-resident: not prefetched
             w_n = gl.load(w32_ptrs + _w_col0(k0 // 2, BK // 2, TILED) // 4)
             sc_n = gl.load(s_ptrs + k0 // 16)
@@ -187,10 +190,19 @@ def _gemm_rows(
             acc = mma_v2(a, _x_operand(x, MMA, BT, BK), acc)
             w = w_n
             sc = sc_n
-        x = gl.load(x_ptrs + (K - BK), mask=xm, other=0.0)
+        x = gl.load(x_ptrs + (k_hi - BK), mask=xm, other=0.0)
         a = _dequant_a(_bytes_of(w, W_BYTES, ROWS, BK), _scales(sc), MMA, W_BLOCKS, ROWS, BK, TILED)
         acc = mma_v2(a, _x_operand(x, MMA, BT, BK), acc)
     return acc
+
+
+@gluon.jit
+def _k_run(K, BK: gl.constexpr, SPLIT: gl.constexpr):
+    """[k_lo, k_hi) of this CTA's run of K steps (grid axis 2), written so that the compiler sees
+    k_lo's alignment to BK (the weight loads stay vector loads)."""
+    steps = K // BK // SPLIT
+    k_lo = gl.program_id(2) * steps * BK
+    return k_lo, k_lo + steps * BK
 
 
 @gluon.jit
@@ -295,9 +307,35 @@ def _l1_epilogue(acc, gs_ptr, expert, out_ptr, stride_om, n0, pid_m, limit,
 
 
 @gluon.jit
-def _l2_epilogue(acc, gs_ptr, expert, topk_w_ptr, out_ptr, stride_om, sorted_ids_ptr, num_slots, n0, pid_m,
-                 MMA: gl.constexpr, ROWS: gl.constexpr, BT: gl.constexpr):
-    """Global scale times routing weight; each valid slot's row stored bf16 for the top-k sum."""
+def _split_sum(acc, ws_ptr, cnt_ptr, tile, sorted_ids_ptr, num_slots, pid_m,
+               MMA: gl.constexpr, ROWS: gl.constexpr, BT: gl.constexpr, SPLIT: gl.constexpr):
+    """(sum, last) of the SPLIT runs' accumulators of one tile (split_k > 1): each run stores its valid
+    columns in fp32 workspace ``ws[tile, run]`` and counts itself in ``cnt[tile]``; the last to arrive
+    gets last = True and the sum of every run's in run order (the same bits whichever CTA is last),
+    and sets the count back to 0 for the next launch."""
+    r_o = gl.arange(0, ROWS, layout=gl.SliceLayout(1, MMA))
+    t_l = gl.arange(0, BT, layout=gl.SliceLayout(0, MMA))
+    _, valid = _block_slots(sorted_ids_ptr, pid_m * BT + t_l, num_slots)
+    vm = gl.expand_dims(valid, 0)
+    offs = gl.expand_dims(r_o, 1) * BT + gl.expand_dims(t_l, 0)
+    base = ws_ptr + tile.to(gl.int64) * (SPLIT * ROWS * BT)
+    gl.store(base + gl.program_id(2) * (ROWS * BT) + offs, acc, mask=vm)
+    _cta_barrier()  # every thread's partial is written before the count says so (release, below)
+    arrived = gl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+    last = arrived == SPLIT - 1
+    tot = gl.zeros([ROWS, BT], gl.float32, layout=MMA)
+    if last:
+        for s in range(SPLIT):  # .cg: from L2, where the other SMs' stores are
+            tot += gl.load(base + s * (ROWS * BT) + offs, mask=vm, other=0.0, cache_modifier=".cg")
+        gl.store(cnt_ptr + tile, 0)
+    return tot, last
+
+
+@gluon.jit
+def _l2_epilogue(acc, gs_ptr, expert, topk_w_ptr, out_ptr, stride_om, stride_os, sorted_ids_ptr, num_slots, n0,
+                 pid_m, MMA: gl.constexpr, ROWS: gl.constexpr, BT: gl.constexpr, SPLIT: gl.constexpr):
+    """Global scale times routing weight; each valid slot's row stored for the top-k sum: bf16, or
+    (split_k > 1) this run's fp32 partial in buffer ``program_id(2)``."""
     gs = gl.load(gs_ptr + expert) * _TILE_UNSCALE
     t_o = pid_m * BT + gl.arange(0, BT, layout=gl.SliceLayout(0, MMA))
     slot, valid = _block_slots(sorted_ids_ptr, t_o, num_slots)
@@ -305,7 +343,10 @@ def _l2_epilogue(acc, gs_ptr, expert, topk_w_ptr, out_ptr, stride_om, sorted_ids
     y = acc * gs * gl.expand_dims(route_w, 0)
     n_o = n0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, MMA))
     o_ptrs = out_ptr + gl.expand_dims(slot.to(gl.int64) * stride_om, 0) + gl.expand_dims(n_o, 1)
-    gl.store(o_ptrs, y.to(gl.bfloat16), mask=gl.expand_dims(valid, 0))
+    if SPLIT == 1:
+        gl.store(o_ptrs, y.to(gl.bfloat16), mask=gl.expand_dims(valid, 0))
+    else:
+        gl.store(o_ptrs + gl.program_id(2).to(gl.int64) * stride_os, y, mask=gl.expand_dims(valid, 0))
 
 
 @gluon.jit(do_not_specialize=["num_slots"])
@@ -313,12 +354,13 @@ def l1_swiglu_decode_kernel(
     # the operands of _triton_kernels.l1_swiglu_kernel (shapes there), less max_blocks
     x_ptr, stride_xm, w_ptr, stride_we, stride_wn, s_ptr, stride_se, stride_sn, gs_ptr, out_ptr, stride_om,
     sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots, top_k, I, H, limit,
+    ws_ptr, cnt_ptr,  # split_k > 1: fp32 [tiles, SPLIT, ROWS * BT] workspace, int32 [tiles] zeroed counts
     HAS_LIMIT: gl.constexpr,
     MMA: gl.constexpr, W_BYTES: gl.constexpr, W_BLOCKS: gl.constexpr, X_L: gl.constexpr,
     ROWS: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, PREFETCH: gl.constexpr, W32_L: gl.constexpr,
-    TILED: gl.constexpr,
+    TILED: gl.constexpr, SPLIT: gl.constexpr,
 ):
-    # grid: (I // (ROWS/2), token blocks); the fast axis walks n so that neighbours share x
+    # grid: (I // (ROWS/2), token blocks, SPLIT K runs); the fast axis walks n so that neighbours share x
     pid_n, pid_m = gl.program_id(0), gl.program_id(1)
     expert = _block_expert(expert_ids_ptr, num_padded_ptr, pid_m, BT)
     if expert < 0:
@@ -333,8 +375,16 @@ def l1_swiglu_decode_kernel(
 
     w_row, s_row = _l1_weight_rows(w_ptr, stride_we, stride_wn, s_ptr, stride_se, stride_sn, expert, n0, I, H,
                                    W_BYTES, W_BLOCKS, ROWS, TILED)
-    acc = _gemm_rows(w_row, s_row, x_row, valid, H, MMA, W_BYTES, W_BLOCKS, X_L, ROWS, BT, BK, PREFETCH, W32_L, TILED)
-    _l1_epilogue(acc, gs_ptr, expert, out_ptr, stride_om, n0, pid_m, limit, HAS_LIMIT, MMA, ROWS, BT, 0)
+    k_lo, k_hi = _k_run(H, BK, SPLIT)
+    acc = _gemm_rows(w_row, s_row, x_row, valid, k_lo, k_hi, MMA, W_BYTES, W_BLOCKS, X_L, ROWS, BT, BK,
+                     PREFETCH, W32_L, TILED)
+    if SPLIT == 1:
+        _l1_epilogue(acc, gs_ptr, expert, out_ptr, stride_om, n0, pid_m, limit, HAS_LIMIT, MMA, ROWS, BT, 0)
+    else:  # the last of the tile's K runs applies the epilogue to their sum
+        tot, last = _split_sum(acc, ws_ptr, cnt_ptr, pid_m * gl.num_programs(0) + pid_n, sorted_ids_ptr, num_slots,
+                               pid_m, MMA, ROWS, BT, SPLIT)
+        if last:
+            _l1_epilogue(tot, gs_ptr, expert, out_ptr, stride_om, n0, pid_m, limit, HAS_LIMIT, MMA, ROWS, BT, 0)
 
 
 @gluon.jit(do_not_specialize=["num_slots"])
@@ -342,10 +392,12 @@ def l2_decode_kernel(
     # the operands of _triton_kernels.l2_combine_kernel (shapes there), less max_blocks
     a_ptr, stride_am, w_ptr, stride_we, stride_wn, s_ptr, stride_se, stride_sn, gs_ptr, topk_w_ptr,
     out_ptr, stride_om, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots, H, I,
+    stride_os,  # split_k > 1: out is fp32 [SPLIT, slots, H] partials (the top-k sum adds them), this dim's stride
     MMA: gl.constexpr, W_BYTES: gl.constexpr, W_BLOCKS: gl.constexpr, X_L: gl.constexpr,
     ROWS: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, PREFETCH: gl.constexpr, W32_L: gl.constexpr,
-    TILED: gl.constexpr,
+    TILED: gl.constexpr, SPLIT: gl.constexpr,
 ):
+    # grid: (H // ROWS, token blocks, SPLIT K runs)
     pid_n, pid_m = gl.program_id(0), gl.program_id(1)
     expert = _block_expert(expert_ids_ptr, num_padded_ptr, pid_m, BT)
     if expert < 0:
@@ -357,20 +409,47 @@ def l2_decode_kernel(
     a_row = a_ptr + offs_t.to(gl.int64) * stride_am
     w_row, s_row = _l2_weight_rows(w_ptr, stride_we, stride_wn, s_ptr, stride_se, stride_sn, expert, n0, I,
                                    W_BYTES, W_BLOCKS, ROWS, TILED)
-    acc = _gemm_rows(w_row, s_row, a_row, offs_t >= 0, I, MMA, W_BYTES, W_BLOCKS, X_L, ROWS, BT, BK, PREFETCH, W32_L,
-                     TILED)
-    _l2_epilogue(acc, gs_ptr, expert, topk_w_ptr, out_ptr, stride_om, sorted_ids_ptr, num_slots, n0, pid_m,
-                 MMA, ROWS, BT)
+    k_lo, k_hi = _k_run(I, BK, SPLIT)
+    acc = _gemm_rows(w_row, s_row, a_row, offs_t >= 0, k_lo, k_hi, MMA, W_BYTES, W_BLOCKS, X_L, ROWS, BT, BK,
+                     PREFETCH, W32_L, TILED)
+    _l2_epilogue(acc, gs_ptr, expert, topk_w_ptr, out_ptr, stride_om, stride_os, sorted_ids_ptr, num_slots, n0,
+                 pid_m, MMA, ROWS, BT, SPLIT)
 
 
 def launch(cfg1, cfg2, l1_args: tuple, l2_args: tuple, nblocks: int, inter: int, hidden: int,
-           limit: float, has_limit: bool, tiled: bool) -> None:
+           limit: float, has_limit: bool, tiled: bool, rows_split_stride: int = 0) -> None:
     """Both GEMMs on (L1, L2) DecodeConfig tiles; args as fused_moe.nvfp4_moe_forward_triton builds them
-    (``tiled``: the weights in tiles.py's layout)."""
+    (``tiled``: the weights in tiles.py's layout; ``rows_split_stride``: the first-dim stride of the top-k
+    rows' fp32 partials where L2's split_k is over 1)."""
     def layouts(c) -> dict:
         mma, w_bytes, w_blocks, x_l, extra = decode_layouts(c.num_warps, c.mrep, c.block_t, c.block_k, c.prefetch)
         return dict(MMA=mma, W_BYTES=w_bytes, W_BLOCKS=w_blocks, X_L=x_l, ROWS=c.rows, BT=c.block_t,
-                    BK=c.block_k, PREFETCH=c.prefetch, W32_L=extra, TILED=tiled, num_warps=c.num_warps)
+                    BK=c.block_k, PREFETCH=c.prefetch, W32_L=extra, TILED=tiled, SPLIT=c.split_k,
+                    num_warps=c.num_warps)
 
-    l1_swiglu_decode_kernel[(inter // (cfg1.rows // 2), nblocks)](*l1_args, limit, HAS_LIMIT=has_limit, **layouts(cfg1))
-    l2_decode_kernel[(hidden // cfg2.rows, nblocks)](*l2_args, **layouts(cfg2))
+    n_tiles = inter // (cfg1.rows // 2)
+    ws, counts = split_workspace(cfg1, n_tiles * nblocks, l1_args[0].device)
+    l1_swiglu_decode_kernel[(n_tiles, nblocks, cfg1.split_k)](
+        *l1_args, limit, ws, counts, HAS_LIMIT=has_limit, **layouts(cfg1))
+    l2_decode_kernel[(hidden // cfg2.rows, nblocks, cfg2.split_k)](*l2_args, rows_split_stride, **layouts(cfg2))
+
+
+_COUNTS: dict = {}
+
+
+def split_workspace(cfg, tiles: int, device) -> tuple:
+    """(fp32 workspace, int32 counts) for an L1 of split_k > 1 over ``tiles`` (n-tile, block) tiles: the
+    workspace is fresh (every run writes before the last reads), the counts persist per device and
+    stream, zero between launches (each tile's last run sets its count back), grown where a call needs
+    more. Where split_k is 1 the kernel reads neither: two placeholders."""
+    import torch
+
+    if cfg.split_k == 1:
+        stub = _COUNTS.setdefault(("stub", str(device)), torch.zeros(1, dtype=torch.int32, device=device))
+        return stub, stub
+    key = (str(device), torch.cuda.current_stream(device).cuda_stream)
+    counts = _COUNTS.get(key)
+    if counts is None or counts.numel() < tiles:
+        counts = _COUNTS[key] = torch.zeros(max(tiles, 4096), dtype=torch.int32, device=device)
+    ws = torch.empty(tiles * cfg.split_k * cfg.rows * cfg.block_t, dtype=torch.float32, device=device)
+    return ws, counts

@@ -295,8 +295,8 @@ def l2_wgmma_kernel(
         x_row = a_ptr + (pid_m * BT + r % BT).to(gl.int64) * stride_am + (r // BT) * BK
         acc = _gemm_rows_wgmma(w_row, s_row, x_row, I, MMA, W_BYTES, W_BLOCKS, W32, SMEM, COPY, ROWS, BT, BK, CS, PD, WAIT1,
                                TILED)
-    _l2_epilogue(acc, gs_ptr, expert, topk_w_ptr, out_ptr, stride_om, sorted_ids_ptr, num_slots, n0, pid_m,
-                 MMA, ROWS, BT)
+    _l2_epilogue(acc, gs_ptr, expert, topk_w_ptr, out_ptr, stride_om, 0, sorted_ids_ptr, num_slots, n0, pid_m,
+                 MMA, ROWS, BT, 1)
 
 
 def launch(cfg1, cfg2, l1_args: tuple, l2_args: tuple, nblocks: int, inter: int, hidden: int,

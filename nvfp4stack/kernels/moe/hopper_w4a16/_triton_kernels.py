@@ -311,15 +311,18 @@ def l2_combine_kernel(
 
 
 @triton.jit
-def topk_sum_kernel(rows_ptr, ids_ptr, out_ptr, H, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
-    """out[t, :] = sum_j rows[t*TOP_K + j, :] in fp32, cast once: the top-k combine in one launch
-    (the torch form, sum(dtype=fp32) then .to(), is two). Slots whose expert id is negative (another
-    rank's expert) were computed by no block: their rows are skipped, not read."""
+def topk_sum_kernel(rows_ptr, ids_ptr, out_ptr, H, stride_rs, TOP_K: tl.constexpr, SPLIT: tl.constexpr,
+                    BLOCK: tl.constexpr):
+    """out[t, :] = sum_j sum_s rows[s, t*TOP_K + j, :] in fp32, cast once: the top-k combine in one launch
+    (the torch form, sum(dtype=fp32) then .to(), is two); SPLIT > 1: the L2 runs' partials (split_k).
+    Slots whose expert id is negative (another rank's expert) were computed by no block: their rows are
+    skipped, not read."""
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = offs < H
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     for j in tl.static_range(TOP_K):
         mine = m & (tl.load(ids_ptr + t * TOP_K + j) >= 0)
-        acc += tl.load(rows_ptr + (t * TOP_K + j) * H + offs, mask=mine, other=0.0).to(tl.float32)
+        for s in tl.static_range(SPLIT):
+            acc += tl.load(rows_ptr + s * stride_rs + (t * TOP_K + j) * H + offs, mask=mine, other=0.0).to(tl.float32)
     tl.store(out_ptr + t * H + offs, acc.to(out_ptr.dtype.element_ty), mask=m)

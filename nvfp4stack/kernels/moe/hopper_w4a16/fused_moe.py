@@ -30,6 +30,7 @@ from nvfp4stack.kernels.moe.hopper_w4a16.tile_choice import (  # noqa: F401  (th
     TileConfig,
     decode_available,
     decode_pair,
+    fill_split,
     pick_config,
     pick_decode,
     pick_tiles,
@@ -126,7 +127,8 @@ def nvfp4_moe_forward_triton(
             xb, fp8_weights, topk_weights, topk_ids, swiglu_limit=swiglu_limit, poison=poison
         ).to(out_dtype)
 
-    cfg1, cfg2 = config or pick_tiles(rows_per_expert, hidden, inter, decode_available(x.device))
+    cfg1, cfg2 = config or fill_split(pick_tiles(rows_per_expert, hidden, inter, decode_available(x.device)),
+                                      min(tokens * top_k, num_experts), hidden, inter, sm_count(x.device))
     if cfg1.block_m != cfg2.block_m or type(cfg1) is not type(cfg2):
         raise ValueError(f"config: L1 and L2 share the routing blocks, found {cfg1} and {cfg2}")
     decode = isinstance(cfg1, DecodeConfig)
@@ -152,7 +154,12 @@ def nvfp4_moe_forward_triton(
     scratch = torch.full if poison else (lambda size, _fill, **kw: torch.empty(size, **kw))
     inter_all = scratch((sum(r.sorted_ids.numel() for r, _, _ in parts), inter), float("nan"), dtype=torch.bfloat16,
                         device=x.device)
-    rows = scratch((tokens * top_k, hidden), float("nan"), dtype=torch.bfloat16, device=x.device)
+    # the top-k rows: bf16 [1, slots, hidden], or (L2 split_k > 1, mma.sync decode tiles) L2's fp32 partials
+    # [runs, slots, hidden], which the top-k sum adds
+    split2 = getattr(cfg2, "split_k", 1)
+    rows_all = scratch((split2, tokens * top_k, hidden), float("nan"),
+                       dtype=torch.float32 if split2 > 1 else torch.bfloat16, device=x.device)
+    rows = rows_all[0]
     route_w = topk_weights.to(torch.float32).reshape(-1).contiguous()
     limit = float(swiglu_limit) if swiglu_limit is not None else 0.0
     has_limit = swiglu_limit is not None
@@ -174,7 +181,8 @@ def nvfp4_moe_forward_triton(
                    *ids, top_k, inter, hidden)
         l2_args = (inter_buf, inter_buf.stride(0), *_weight_args(w2_data, w2_scale, gs2), route_w, rows,
                    rows.stride(0), *ids, hidden, inter)
-        launches.append((c1, c2, l1_args, l2_args, routing.max_blocks, inter, hidden, limit, has_limit, tiled))
+        launches.append((c1, c2, l1_args, l2_args, routing.grid_blocks, inter, hidden, limit, has_limit, tiled,
+                         rows_all.stride(0)))
     if len(launches) == 2 and SPLIT_STREAMS:
         # the two routings share nothing but x and disjoint rows of h / the top-k rows: the busy experts'
         # launches run on a side stream, next to the small experts' (forked from and joined to the
@@ -188,7 +196,18 @@ def nvfp4_moe_forward_triton(
     else:
         for args in launches:
             _launch_gemms(*args)
-    return _topk_sum(rows, topk_ids, hidden, out_dtype)
+    return _topk_sum(rows_all, topk_ids, hidden, out_dtype)
+
+
+def sm_count(device: torch.device) -> int:
+    """The device's SM count (fill_split's), cached: a property query per call costs host time at decode."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SMS:
+        _SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SMS[index]
+
+
+_SMS: dict = {}
 
 
 # split decode (DecodeConfig.big_t): the busy experts' launches on a side stream (False: after the small ones)
@@ -204,14 +223,18 @@ def _side_stream(device: torch.device):
 
 
 def _launch_gemms(cfg1, cfg2, l1_args: tuple, l2_args: tuple, nblocks: int, inter: int, hidden: int, limit: float,
-                  has_limit: bool, tiled: bool) -> None:
-    """L1 then L2 over ``nblocks`` routing blocks, on the kernels the (L1, L2) tiles name."""
+                  has_limit: bool, tiled: bool, rows_split_stride: int) -> None:
+    """L1 then L2 over ``nblocks`` routing blocks, on the kernels the (L1, L2) tiles name (``rows_split_stride``:
+    the top-k rows' partials' first-dim stride, for mma.sync decode tiles whose L2 has split_k > 1)."""
     if isinstance(cfg1, DecodeConfig):
         if cfg1.wgmma:
             from nvfp4stack.kernels.moe.hopper_w4a16 import _decode_wgmma as kernels
+
+            kernels.launch(cfg1, cfg2, l1_args, l2_args, nblocks, inter, hidden, limit, has_limit, tiled)
         else:
             from nvfp4stack.kernels.moe.hopper_w4a16 import _decode_gluon as kernels
-        kernels.launch(cfg1, cfg2, l1_args, l2_args, nblocks, inter, hidden, limit, has_limit, tiled)
+
+            kernels.launch(cfg1, cfg2, l1_args, l2_args, nblocks, inter, hidden, limit, has_limit, tiled, rows_split_stride)
         return
     from nvfp4stack.kernels.moe.hopper_w4a16._triton_kernels import l1_swiglu_kernel, l2_combine_kernel
 
@@ -227,14 +250,15 @@ def _weight_args(data: torch.Tensor, scale: torch.Tensor, global_scale: torch.Te
 
 
 def _topk_sum(rows: torch.Tensor, topk_ids: torch.Tensor, hidden: int, out_dtype) -> torch.Tensor:
-    """Top-k combine in fp32 (like vLLM's moe_sum), one launch; slots of negative ids skipped."""
+    """Top-k combine in fp32 (like vLLM's moe_sum) of ``rows`` [runs, tokens * top_k, hidden] (more than one
+    run: L2's split_k partials, summed too), one launch; slots of negative ids skipped."""
     from nvfp4stack.kernels.moe.hopper_w4a16._triton_kernels import topk_sum_kernel
 
     tokens, top_k = topk_ids.shape
     out = torch.empty((tokens, hidden), dtype=out_dtype, device=rows.device)
     block = 1024
-    topk_sum_kernel[(tokens, triton_cdiv(hidden, block))](rows, topk_ids.contiguous(), out, hidden, TOP_K=top_k,
-                                                          BLOCK=block, num_warps=4)
+    topk_sum_kernel[(tokens, triton_cdiv(hidden, block))](rows, topk_ids.contiguous(), out, hidden, rows.stride(0),
+                                                          TOP_K=top_k, SPLIT=rows.shape[0], BLOCK=block, num_warps=4)
     return out
 
 

@@ -34,6 +34,14 @@ class AlignedRouting:
     def max_blocks(self) -> int:
         return self.expert_ids.numel()
 
+    @property
+    def grid_blocks(self) -> int:
+        """Blocks a kernel grid must cover: every block holds at least one routed slot, so never more than
+        ``num_slots``; ``max_blocks`` (the buffers' bound: each expert may waste a block) is far more at decode
+        (Flash, 256 experts, 8-token blocks, one token: 6 against 225, whose empty programs cost more than
+        the GEMMs' work)."""
+        return min(self.max_blocks, self.num_slots)
+
 
 # (small-expert routing, busy-expert routing) of align_split
 Split = tuple[AlignedRouting, AlignedRouting]

@@ -3,7 +3,7 @@
 Pure Python plus a device query: CPU hosts import it (heuristics, tests, benchmarks)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -64,6 +64,11 @@ class DecodeConfig:
     # ring tiles (wgmma 3) only: experts with more than block_t routed rows run in blocks of big_t tokens,
     # the same tile otherwise, in launches of their own (routing.align_split); 0: every expert in block_t blocks
     big_t: int = 0
+    # mma.sync tiles (wgmma 0) only: the reduction dim is cut into ``split_k`` equal runs of K steps, each run
+    # a CTA of its own (grid axis 2), so that a load of one or two tokens, whose weight rows give too few
+    # warps to keep enough bytes in flight, fills the GPU. The runs' fp32 partials are summed in run order:
+    # L1's by the tile's last run to finish (a count per tile), before its SwiGLU; L2's by the top-k sum.
+    split_k: int = 1
 
     @property
     def rows(self) -> int:
@@ -80,7 +85,8 @@ class DecodeConfig:
                 and inter % (self.rows // 2) == 0 and hidden % self.rows == 0
                 and (self.wgmma not in (1, 2) or (self.chunk_steps(hidden) > 0 and self.chunk_steps(inter) > 0))
                 and (not self.ring_slots or (hidden // self.block_k % self.ring_slots == 0
-                                             and inter // self.block_k % self.ring_slots == 0)))
+                                             and inter // self.block_k % self.ring_slots == 0))
+                and hidden // self.block_k % self.split_k == 0 and inter // self.block_k % self.split_k == 0)
 
     @property
     def ring_slots(self) -> int:
@@ -103,6 +109,9 @@ class DecodeConfig:
         if self.big_t and (self.wgmma != 3 or self.big_t not in (16, 32) or self.big_t <= self.block_t):
             raise ValueError(f"DecodeConfig: big_t (the busy experts' token block) is 0, or 16 or 32 tokens over "
                              f"block_t on a ring tile (wgmma 3); got {self}")
+        if self.split_k not in (1, 2, 4, 8) or (self.split_k > 1 and self.wgmma):
+            raise ValueError(f"DecodeConfig: split_k (K runs per tile, each its own CTA) is 1, 2, 4 or 8, and more "
+                             f"than 1 on the mma.sync tiles (wgmma 0) only; got {self}")
         round_bytes = self.ring_slots * self.block_k // 16
         if self.wgmma == 3 and (round_bytes % 16 or (round_bytes // 16) & (round_bytes // 16 - 1)):
             raise ValueError(f"DecodeConfig: the ring (wgmma 3) copies each row's scales of one round of "
@@ -227,6 +236,34 @@ def pick_tiles(rows_per_expert: float, hidden: int, inter: int, decode: bool) ->
     return (decode and decode_pair(rows_per_expert, hidden, inter)) or pick_config(rows_per_expert)
 
 
+# split_k (DecodeConfig) is chosen per call from the CTAs a launch would have: a GEMM whose grid (active
+# experts x n-tiles) gives fewer than FILL_CTAS_PER_SM programs per SM is cut into 2, 4 or 8 K runs, the
+# fewest that reach it. H200 (132 SMs), 2026-11-27, cold L2, 3 interleaved rounds (ranges within 1%,
+# bench/RESULTS.md "split-K for one-token decode"): Flash 256 and 64 experts at one token (192 CTAs per
+# GEMM, 1.5 per SM) took 46.2-47.6 us split in two against 56.7-59.0 unsplit (1.23-1.26x), split in four
+# 1.15-1.17x; at two tokens (384 CTAs) splitting cost 4-12%, and so it did for Pro at one token (288 and
+# 336 CTAs: 0.88-0.91x).
+FILL_CTAS_PER_SM = 2
+
+
+def fill_split(pair, active_experts: int, hidden: int, inter: int, sm_count: int):
+    """``pair`` with split_k set on each mma.sync decode tile whose launch would leave the GPU under-filled
+    (above): ``active_experts`` the most experts the call can reach (min(slots, experts)), ``sm_count`` the
+    GPU's SMs (0: no split). Other tiles (Triton, wgmma, tiles already split) are returned as they are."""
+    l1, l2 = pair
+    if not sm_count or not all(isinstance(c, DecodeConfig) and not c.wgmma and c.split_k == 1 for c in pair):
+        return pair
+
+    def split(c: DecodeConfig, n_tiles: int) -> DecodeConfig:
+        s = 1
+        while (active_experts * n_tiles * s < FILL_CTAS_PER_SM * sm_count and s < 8
+               and replace(c, split_k=2 * s).fits(hidden, inter)):
+            s *= 2
+        return replace(c, split_k=s)
+
+    return split(l1, inter // (l1.rows // 2)), split(l2, hidden // l2.rows)
+
+
 def _t(*a, **kw) -> tuple[TileConfig, TileConfig]:
     c = TileConfig(*a, **kw)
     return c, c
@@ -260,6 +297,12 @@ DECODE_CANDIDATES: tuple[tuple[DecodeConfig, DecodeConfig], ...] = tuple(
                                  (16, 1, 128, 4, 1, 3), (16, 1, 128, 4, 3, 3), (16, 1, 256, 4, 1, 3),
                                  (16, 1, 256, 4, 3, 3), (32, 1, 256, 4, 1, 3), (16, 2, 128, 4, 1, 3),
                                  (8, 1, 256, 4, 1, 3), (32, 1, 128, 4, 3, 3))
-) + (_DECODE_SPLIT_RING,)  # the 16-token ring, busy experts in 32-token blocks
+) + (_DECODE_SPLIT_RING,) + tuple(  # the 16-token ring, busy experts in 32-token blocks; then split-K mma.sync pairs
+    (DecodeConfig(bt, m1, bk1, w1, pf1, split_k=s1), DecodeConfig(bt, m2, bk2, w2, pf2, split_k=s2))
+    for bt, (m1, bk1, w1, pf1, s1), (m2, bk2, w2, pf2, s2) in (
+        (8, (1, 256, 8, 0, 2), (2, 128, 4, 1, 2)), (8, (1, 256, 4, 0, 4), (2, 128, 4, 1, 4)),
+        (8, (1, 128, 4, 1, 4), (1, 128, 4, 1, 4)), (8, (1, 256, 8, 0, 1), (2, 128, 4, 1, 4)),
+        (8, (1, 128, 4, 1, 8), (1, 64, 4, 1, 8)), (16, (1, 128, 4, 0, 2), (1, 128, 4, 0, 2)))
+)
 # Diagnostics for --sweep --diag (WRONG numbers, never selected): same loads and MMAs, no dequant.
 DIAG = (_t(16, 64, 256, 4, 3, deq=9), _t(128, 64, 64, 4, 3, deq=9))

@@ -21,9 +21,11 @@ from nvfp4stack.formats.nvfp4 import Nvfp4Tensor
 from nvfp4stack.kernels.moe.hopper_w4a16 import fp8_prefill
 from nvfp4stack.kernels.moe.hopper_w4a16.fused_moe import (
     decode_available,
+    fill_split,
     nvfp4_moe_forward_triton,
     pick_tiles,
     routed_rows_per_expert,
+    sm_count,
 )
 from nvfp4stack.kernels.moe.hopper_w4a16.routing_triton import MAX_SLOTS
 
@@ -34,24 +36,27 @@ _HAS_FP8 = object()  # select_mode only asks whether FP8 weights exist
 
 
 def launch_key(tokens: int, top_k: int, num_experts: int, hidden: int, inter: int, *,
-               decode: bool, has_fp8: bool, routed_experts: int = 0) -> Hashable:
-    """What decides the binaries one forward call of ``tokens`` tokens launches ('auto' mode)."""
+               decode: bool, has_fp8: bool, routed_experts: int = 0, sm_count: int = 0) -> Hashable:
+    """What decides the binaries one forward call of ``tokens`` tokens launches ('auto' mode; ``sm_count``:
+    the GPU's SMs, on which the decode tiles' split_k depends, 0 for none)."""
     rows = routed_rows_per_expert(tokens, top_k, num_experts, routed_experts)
     triton_align = tokens * top_k <= MAX_SLOTS  # routing_triton.align_routing's choice
     if fp8_prefill.select_mode("auto", rows, _HAS_FP8 if has_fp8 else None) == "fp8":
         return ("fp8", triton_align)
-    return (pick_tiles(rows, hidden, inter, decode), triton_align)
+    tiles = fill_split(pick_tiles(rows, hidden, inter, decode), min(tokens * top_k, num_experts), hidden, inter,
+                       sm_count)
+    return (tiles, triton_align)
 
 
 def warmup_token_counts(top_k: int, num_experts: int, hidden: int, inter: int, max_tokens: int, *,
-                        decode: bool, has_fp8: bool, routed_experts: int = 0) -> list[int]:
+                        decode: bool, has_fp8: bool, routed_experts: int = 0, sm_count: int = 0) -> list[int]:
     """The smallest token count of every distinct ``launch_key`` in 1..max_tokens."""
     if max_tokens < 1:
         raise ValueError(f"max_tokens: expected the engine's token budget (>= 1), found {max_tokens}")
     first: dict[Hashable, int] = {}
     for t in range(1, max_tokens + 1):
         first.setdefault(launch_key(t, top_k, num_experts, hidden, inter, decode=decode, has_fp8=has_fp8,
-                                    routed_experts=routed_experts), t)
+                                    routed_experts=routed_experts, sm_count=sm_count), t)
     return sorted(first.values())
 
 
@@ -71,7 +76,7 @@ def warm_up(w13: Nvfp4Tensor, w2: Nvfp4Tensor, top_k: int, max_tokens: int, *,
         return []
     counts = warmup_token_counts(top_k, num_experts, hidden, inter, max_tokens,
                                  decode=decode_available(device), has_fp8=fp8_weights is not None,
-                                 routed_experts=routed_experts)
+                                 routed_experts=routed_experts, sm_count=sm_count(device))
     start = time.perf_counter()
     g = torch.Generator(device=device).manual_seed(0)
     for t in counts:

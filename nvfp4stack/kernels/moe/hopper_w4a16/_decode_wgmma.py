@@ -27,14 +27,11 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
+from nvfp4stack.kernels.moe.hopper_w4a16._decode_epilogue import _block_slots, _block_tokens, _l1_epilogue, _l2_epilogue
 from nvfp4stack.kernels.moe.hopper_w4a16._decode_gluon import (
-    _block_slots,
-    _block_tokens,
     _bytes_of,
     _dequant_a,
-    _l1_epilogue,
     _l1_weight_rows,
-    _l2_epilogue,
     _l2_weight_rows,
     _scales,
     _w_word_step,

@@ -345,21 +345,27 @@ def launch(cfg1, cfg2, l1_args: tuple, l2_args: tuple, nblocks: int, inter: int,
 
 
 _COUNTS: dict = {}
+_OUTGROWN: list = []
 
 
 def split_workspace(cfg, tiles: int, device) -> tuple:
     """(fp32 workspace, int32 counts) for an L1 of split_k > 1 over ``tiles`` (n-tile, block) tiles: the
     workspace is fresh (every run writes before the last reads), the counts persist per device and
     stream, zero between launches (each tile's last run sets its count back), grown where a call needs
-    more. Where split_k is 1 the kernel reads neither: two placeholders."""
+    more (an outgrown buffer is kept: graphs captured on it still use it). Where split_k is 1 the kernel
+    reads neither: one placeholder, made once per device (no allocation or launch per call)."""
     import torch
 
     if cfg.split_k == 1:
-        stub = _COUNTS.setdefault(("stub", str(device)), torch.zeros(1, dtype=torch.int32, device=device))
-        return stub, stub
+        stub_key = ("stub", str(device))
+        if stub_key not in _COUNTS:
+            _COUNTS[stub_key] = torch.zeros(1, dtype=torch.int32, device=device)
+        return _COUNTS[stub_key], _COUNTS[stub_key]
     key = (str(device), torch.cuda.current_stream(device).cuda_stream)
     counts = _COUNTS.get(key)
     if counts is None or counts.numel() < tiles:
+        if counts is not None:  # a CUDA graph captured earlier may still launch on it: never freed
+            _OUTGROWN.append(counts)
         counts = _COUNTS[key] = torch.zeros(max(tiles, 4096), dtype=torch.int32, device=device)
     ws = torch.empty(tiles * cfg.split_k * cfg.rows * cfg.block_t, dtype=torch.float32, device=device)
     return ws, counts

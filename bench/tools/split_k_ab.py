@@ -64,7 +64,7 @@ def main() -> int:
                         times[n].append(cold_time_us(lambda c=pairs[n]: fm.nvfp4_moe_forward_triton(
                             x, t13, t2, wts, ids, swiglu_limit=10.0, config=c, tiled=True), flush))
                 med = {n: sorted(v)[1] for n, v in times.items()}
-                pick = fm.fill_split((l1, l2), min(t * 6, experts), hidden, inter, fm.sm_count(dev))
+                pick = fm.fill_split((l1, l2), t * 6, experts, hidden, inter, fm.sm_count(dev))
                 cells = " ".join(f"{n} {med[n]:6.1f} [{min(times[n]):.1f}-{max(times[n]):.1f}] "
                                  f"{med['base'] / med[n]:.2f}x" for n in names)
                 print(f"{shape}{experts} {kind:7s} T={t:2d} rows/exp={t * 6 / experts:.3f} "

@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
 
             # what the forward picks with no override (fill_split: split-K where the GPU would be under-filled)
             heur = tw.fill_split(tw.pick_tiles(tokens * k / e, hidden, inter, tw.decode_available(dev)),
-                                 min(tokens * k, e), hidden, inter, tw.sm_count(dev))
+                                 tokens * k, e, hidden, inter, tw.sm_count(dev))
             # fresh random inputs every run: the picked tiles (and Marlin) against the fp32 twin
             ref = nvfp4_moe_forward(x.float(), w13, w2, wts, ids, swiglu_limit=10.0)
             err = _rel_err(ours(heur, poison=True), ref)

@@ -174,24 +174,30 @@ def test_fill_split_cuts_under_filled_decode_launches():
         fill_split,
     )
 
-    def splits(active, hidden, inter, pair=_DECODE_FEW, sms=132):
-        return [c.split_k for c in fill_split(pair, active, hidden, inter, sms)]
+    def splits(slots, hidden, inter, pair=_DECODE_FEW, sms=132, experts=256):
+        return [c.split_k for c in fill_split(pair, slots, experts, hidden, inter, sms)]
 
     assert splits(6, 4096, 2048) == [2, 2]  # Flash, one token: 192 CTAs per GEMM -> 384
     assert splits(12, 4096, 2048) == [1, 1]  # two tokens: 384 CTAs, splitting cost 4-12%
-    assert splits(6, 7168, 3072) == [1, 1]  # Pro, one token: 288 / 336 CTAs
+    assert splits(6, 7168, 3072, experts=48) == [1, 1]  # Pro, one token: 288 / 336 CTAs
     assert splits(6, 4096, 1024) == [4, 2]  # Flash at TP 2 (I 1024): L1 has 96 CTAs
     assert splits(1, 4096, 2048) == [8, 8]  # the cap
     assert splits(6, 4096, 2048, sms=0) == [1, 1]  # no GPU figure: as picked
     # K steps that do not divide: Pro's hidden 7168 is 28 steps of 256, so L1 goes no further than 4
-    assert fill_split(_DECODE_FEW, 1, 7168, 3072, 132)[0].split_k == 4
+    assert fill_split(_DECODE_FEW, 1, 48, 7168, 3072, 132)[0].split_k == 4
     # other tiles come back as they are
     ring = _DECODE_T16_RING
-    assert fill_split(ring, 1, 4096, 2048, 132) == ring
+    assert fill_split(ring, 1, 256, 4096, 2048, 132) == ring
     triton = (TileConfig(16, 64, 256, 4, 3),) * 2
-    assert fill_split(triton, 1, 4096, 2048, 132) == triton
+    assert fill_split(triton, 1, 256, 4096, 2048, 132) == triton
     pre = (DecodeConfig(8, 1, 256, 8, 0, split_k=2),) * 2
-    assert fill_split(pre, 1, 4096, 2048, 132) == pre
+    assert fill_split(pre, 1, 256, 4096, 2048, 132) == pre
+    # the grid counts blocks: on the 16-token fallback pair (16 and 8 row tiles), 40 slots over 8 experts are
+    # 8 blocks (128 and 64 CTAs: split 4 and 4, the last capped by L2's 4 K steps), 600 slots are 40 blocks of
+    # up to 16 tokens (640 and 320 CTAs: whole), where one block per active expert would have split them too
+    t16 = (DecodeConfig(16, 2, 128, 2, 0), DecodeConfig(16, 2, 128, 4, 0))
+    assert splits(40, 1024, 512, pair=t16, experts=8) == [4, 4]
+    assert splits(600, 1024, 512, pair=t16, experts=8) == [1, 1]
 
 
 def test_split_k_config_is_checked():
@@ -203,6 +209,34 @@ def test_split_k_config_is_checked():
         with pytest.raises(ValueError, match="split_k"):
             DecodeConfig(**{**dict(block_t=16, mrep=1, block_k=128, num_warps=4, prefetch=1), **bad})
 
+
+
+def test_split_workspace_counts_are_made_outside_capture(monkeypatch):
+    """_decode_gluon.split_workspace on the host (CPU tensors stand in for the device's): one zeroed count
+    per tile, made once per device and grown with the outgrown buffer kept alive; the placeholder of unsplit
+    tiles made once; a first request inside CUDA-graph capture refused with the fix named."""
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.ampere")
+    from nvfp4stack.kernels.moe.hopper_w4a16 import _decode_gluon as dg
+    from nvfp4stack.kernels.moe.hopper_w4a16.tile_choice import DecodeConfig
+
+    monkeypatch.setattr(dg, "_COUNTS", {})
+    monkeypatch.setattr(dg, "_OUTGROWN", [])
+    split, whole = DecodeConfig(8, 1, 256, 8, 0, split_k=2), DecodeConfig(8, 1, 256, 8, 0)
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match=r"192 zeroed tile counters.*inside CUDA-graph capture.*outside capture first"):
+        dg.split_workspace(split, 192, cpu)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    ws, counts = dg.split_workspace(split, 192, cpu)
+    assert ws.dtype == torch.float32 and ws.numel() == 192 * 2 * split.rows * split.block_t
+    assert counts.dtype == torch.int32 and counts.numel() == 4096 and int(counts.abs().sum()) == 0
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)  # made: capture may use it
+    assert dg.split_workspace(split, 100, cpu)[1] is counts
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    grown = dg.split_workspace(split, 5000, cpu)[1]
+    assert grown.numel() == 5000 and dg._OUTGROWN == [counts]
+    stub = dg.split_workspace(whole, 192, cpu)
+    assert stub[0] is stub[1] and stub[0] is dg.split_workspace(whole, 10, cpu)[0]
 
 @gpu
 @pytest.mark.gpu
@@ -333,6 +367,36 @@ def test_split_decode_in_cuda_graph():
         assert torch.equal(out, run())
         _check(x, w13, w2, wts, ids, config=split, label="split graph")
 
+
+
+@gpu
+@pytest.mark.gpu
+def test_split_k_in_cuda_graph_and_repeated_calls():
+    """Split-K decode tiles (the per-tile counts of L1's runs) inside a captured CUDA graph: replays with new
+    inputs equal the eager call bit for bit, repeated calls give the same bits, every count is back to
+    zero after."""
+    from nvfp4stack.kernels.moe.hopper_w4a16 import _decode_gluon
+    from nvfp4stack.kernels.moe.hopper_w4a16.fused_moe import DecodeConfig, decode_available, nvfp4_moe_forward_triton
+
+    if not decode_available(torch.device("cuda")):
+        pytest.skip("the decode kernels run on sm90 only")
+    g = _gen("cuda")
+    x, w13, w2, wts, ids = _problem(g, experts=16, hidden=1024, inter=512, tokens=2, top_k=6)
+    pair = (DecodeConfig(8, 1, 128, 4, 1, split_k=4), DecodeConfig(8, 2, 128, 4, 1, split_k=2))
+    run = lambda: nvfp4_moe_forward_triton(x, w13, w2, wts, ids, swiglu_limit=LIMIT, config=pair)  # noqa: E731
+    first = run()
+    assert all(torch.equal(first, run()) for _ in range(5))
+    _check(x, w13, w2, wts, ids, config=pair, label="split-k")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run()
+    for _ in range(3):
+        x.copy_((torch.randn(x.shape, generator=g, device="cuda") * 4).to(x.dtype))
+        ids.copy_(torch.randint(0, 16, ids.shape, generator=g, device="cuda", dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, run())
+    assert int(_decode_gluon._COUNTS[str(x.device)].abs().sum()) == 0
 
 @gpu
 @pytest.mark.gpu

@@ -132,4 +132,5 @@ def test_split_k_tiles_have_their_own_warmup_counts():
     one, two = (wu.launch_key(t, 6, 256, 4096, 2048, decode=True, has_fp8=False, sm_count=132) for t in (1, 2))
     assert [c.split_k for c in one[0]] == [2, 2] and [c.split_k for c in two[0]] == [1, 1]
     assert counts[:2] == [1, 2]
-    assert wu.warmup_token_counts(6, 256, 4096, 2048, 64, decode=True, has_fp8=False)[0] == 1  # no SMs: no split
+    unsplit = wu.launch_key(1, 6, 256, 4096, 2048, decode=True, has_fp8=False)  # no SM count: no split
+    assert [c.split_k for c in unsplit[0]] == [1, 1]

@@ -349,11 +349,16 @@ _OUTGROWN: list = []
 
 
 def split_workspace(cfg, tiles: int, device) -> tuple:
-    """(fp32 workspace, int32 counts) for an L1 of split_k > 1 over ``tiles`` (n-tile, block) tiles: the
-    workspace is fresh (every run writes before the last reads), the counts persist per device and
-    stream, zero between launches (each tile's last run sets its count back), grown where a call needs
-    more (an outgrown buffer is kept: graphs captured on it still use it). Where split_k is 1 the kernel
-    reads neither: one placeholder, made once per device (no allocation or launch per call)."""
+    """(fp32 workspace, int32 counts) for an L1 of split_k > 1 over ``tiles`` (n-tile, block) tiles.
+
+    The workspace is fresh (every run writes before the last reads). The counts persist per device, zero
+    between launches (each tile's last run sets its count back); one set serves every stream, as one
+    process runs one MoE layer at a time on a device (two split-K calls running at once on two streams
+    would share it). They are made, or grown, outside CUDA-graph capture only: a zero fill captured in a
+    graph would run at its first replay, after other calls had read the buffer. The forward's first call
+    (vLLM's warm-up and profile run, triton_w4a16's warm_up) makes them; an outgrown buffer is kept, as
+    graphs captured on it still use it. Where split_k is 1 the kernel reads neither: one placeholder,
+    made once per device (no allocation or launch per call)."""
     import torch
 
     if cfg.split_k == 1:
@@ -361,9 +366,15 @@ def split_workspace(cfg, tiles: int, device) -> tuple:
         if stub_key not in _COUNTS:
             _COUNTS[stub_key] = torch.zeros(1, dtype=torch.int32, device=device)
         return _COUNTS[stub_key], _COUNTS[stub_key]
-    key = (str(device), torch.cuda.current_stream(device).cuda_stream)
+    key = str(device)
     counts = _COUNTS.get(key)
     if counts is None or counts.numel() < tiles:
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"triton_w4a16: the split-K decode tiles ({cfg}) need {tiles} zeroed tile counters on {device}, "
+                f"first asked for inside CUDA-graph capture, where their zero fill would not run before the graph "
+                f"is replayed; run the MoE forward once at this token count outside capture first (vLLM's "
+                f"warm-up and nvfp4stack's hopper_w4a16.warmup.warm_up do)")
         if counts is not None:  # a CUDA graph captured earlier may still launch on it: never freed
             _OUTGROWN.append(counts)
         counts = _COUNTS[key] = torch.zeros(max(tiles, 4096), dtype=torch.int32, device=device)

@@ -323,6 +323,9 @@ def topk_sum_kernel(rows_ptr, ids_ptr, out_ptr, H, stride_rs, TOP_K: tl.constexp
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     for j in tl.static_range(TOP_K):
         mine = m & (tl.load(ids_ptr + t * TOP_K + j) >= 0)
+        row = rows_ptr + (t * TOP_K + j) * H + offs
         for s in tl.static_range(SPLIT):
-            acc += tl.load(rows_ptr + s * stride_rs + (t * TOP_K + j) * H + offs, mask=mine, other=0.0).to(tl.float32)
+            if s > 0:  # int64: (SPLIT - 1) x slots x H may pass 2**31
+                row += stride_rs.to(tl.int64)
+            acc += tl.load(row, mask=mine, other=0.0).to(tl.float32)
     tl.store(out_ptr + t * H + offs, acc.to(out_ptr.dtype.element_ty), mask=m)

@@ -128,7 +128,7 @@ def nvfp4_moe_forward_triton(
         ).to(out_dtype)
 
     cfg1, cfg2 = config or fill_split(pick_tiles(rows_per_expert, hidden, inter, decode_available(x.device)),
-                                      min(tokens * top_k, num_experts), hidden, inter, sm_count(x.device))
+                                      tokens * top_k, num_experts, hidden, inter, sm_count(x.device))
     if cfg1.block_m != cfg2.block_m or type(cfg1) is not type(cfg2):
         raise ValueError(f"config: L1 and L2 share the routing blocks, found {cfg1} and {cfg2}")
     decode = isinstance(cfg1, DecodeConfig)

@@ -246,17 +246,20 @@ def pick_tiles(rows_per_expert: float, hidden: int, inter: int, decode: bool) ->
 FILL_CTAS_PER_SM = 2
 
 
-def fill_split(pair, active_experts: int, hidden: int, inter: int, sm_count: int):
+def fill_split(pair, slots: int, num_experts: int, hidden: int, inter: int, sm_count: int):
     """``pair`` with split_k set on each mma.sync decode tile whose launch would leave the GPU under-filled
-    (above): ``active_experts`` the most experts the call can reach (min(slots, experts)), ``sm_count`` the
-    GPU's SMs (0: no split). Other tiles (Triton, wgmma, tiles already split) are returned as they are."""
+    (above). The grid is estimated from the call's routed ``slots`` over ``num_experts`` as routing spreads
+    them evenly (each expert's rows in block_t-token blocks, never more blocks than slots): exact at one slot
+    per expert, and an over-estimate under skew or expert parallelism, which only splits less. ``sm_count``:
+    the GPU's SMs (0: no split). Other tiles (Triton, wgmma, tiles already split) are returned as they are."""
     l1, l2 = pair
     if not sm_count or not all(isinstance(c, DecodeConfig) and not c.wgmma and c.split_k == 1 for c in pair):
         return pair
+    blocks = min(slots, num_experts * -(-slots // (num_experts * l1.block_t)))
 
     def split(c: DecodeConfig, n_tiles: int) -> DecodeConfig:
         s = 1
-        while (active_experts * n_tiles * s < FILL_CTAS_PER_SM * sm_count and s < 8
+        while (blocks * n_tiles * s < FILL_CTAS_PER_SM * sm_count and s < 8
                and replace(c, split_k=2 * s).fits(hidden, inter)):
             s *= 2
         return replace(c, split_k=s)

@@ -43,8 +43,7 @@ def launch_key(tokens: int, top_k: int, num_experts: int, hidden: int, inter: in
     triton_align = tokens * top_k <= MAX_SLOTS  # routing_triton.align_routing's choice
     if fp8_prefill.select_mode("auto", rows, _HAS_FP8 if has_fp8 else None) == "fp8":
         return ("fp8", triton_align)
-    tiles = fill_split(pick_tiles(rows, hidden, inter, decode), min(tokens * top_k, num_experts), hidden, inter,
-                       sm_count)
+    tiles = fill_split(pick_tiles(rows, hidden, inter, decode), tokens * top_k, num_experts, hidden, inter, sm_count)
     return (tiles, triton_align)
 
 

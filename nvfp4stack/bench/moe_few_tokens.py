@@ -159,9 +159,8 @@ def main(argv: list[str] | None = None) -> int:
                 return tw.nvfp4_moe_forward_triton(x, k13, k2, wts, ids, swiglu_limit=10.0, config=cfg, mode="w4a16",
                                                    tiled=tiled, poison=poison)
 
-            # what the forward picks with no override (fill_split: split-K where the GPU would be under-filled)
-            heur = tw.fill_split(tw.pick_tiles(tokens * k / e, hidden, inter, tw.decode_available(dev)),
-                                 tokens * k, e, hidden, inter, tw.sm_count(dev))
+            # what the forward picks with no override (split-K included where the GPU would be under-filled)
+            heur = tw.pick_call(tokens * k / e, tokens * k, e, hidden, inter, tw.decode_available(dev), tw.sm_count(dev))
             # fresh random inputs every run: the picked tiles (and Marlin) against the fp32 twin
             ref = nvfp4_moe_forward(x.float(), w13, w2, wts, ids, swiglu_limit=10.0)
             err = _rel_err(ours(heur, poison=True), ref)

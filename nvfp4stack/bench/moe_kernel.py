@@ -145,8 +145,7 @@ def bench_shape(args: MoeKernelBench, name: str, log) -> list[dict]:
 
         # what the forward picks: the Gluon decode kernels up to DECODE_MAX_ROWS_PER_EXPERT (split-K where a launch
         # would leave the GPU under-filled), else Triton tiles
-        heur = tw.fill_split(tw.pick_decode(slots / e, hidden, inter, dev) or tw.pick_config(slots / e), slots, e, hidden,
-                             inter, tw.sm_count(dev))
+        heur = tw.pick_call(slots / e, slots, e, hidden, inter, tw.decode_available(dev), tw.sm_count(dev))
         graph = per_expert <= args.graph_max_per_expert
         t_ours = _time_ms(lambda: ours(heur), graph)
         best_cfg, t_best = heur, t_ours

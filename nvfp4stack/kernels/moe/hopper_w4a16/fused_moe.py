@@ -31,6 +31,7 @@ from nvfp4stack.kernels.moe.hopper_w4a16.tile_choice import (  # noqa: F401  (th
     decode_available,
     decode_pair,
     fill_split,
+    pick_call,
     pick_config,
     pick_decode,
     pick_tiles,
@@ -127,8 +128,8 @@ def nvfp4_moe_forward_triton(
             xb, fp8_weights, topk_weights, topk_ids, swiglu_limit=swiglu_limit, poison=poison
         ).to(out_dtype)
 
-    cfg1, cfg2 = config or fill_split(pick_tiles(rows_per_expert, hidden, inter, decode_available(x.device)),
-                                      tokens * top_k, num_experts, hidden, inter, sm_count(x.device))
+    cfg1, cfg2 = config or pick_call(rows_per_expert, tokens * top_k, num_experts, hidden, inter,
+                                     decode_available(x.device), sm_count(x.device))
     if cfg1.block_m != cfg2.block_m or type(cfg1) is not type(cfg2):
         raise ValueError(f"config: L1 and L2 share the routing blocks, found {cfg1} and {cfg2}")
     decode = isinstance(cfg1, DecodeConfig)

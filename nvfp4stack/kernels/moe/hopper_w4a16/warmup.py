@@ -21,9 +21,8 @@ from nvfp4stack.formats.nvfp4 import Nvfp4Tensor
 from nvfp4stack.kernels.moe.hopper_w4a16 import fp8_prefill
 from nvfp4stack.kernels.moe.hopper_w4a16.fused_moe import (
     decode_available,
-    fill_split,
     nvfp4_moe_forward_triton,
-    pick_tiles,
+    pick_call,
     routed_rows_per_expert,
     sm_count,
 )
@@ -43,8 +42,7 @@ def launch_key(tokens: int, top_k: int, num_experts: int, hidden: int, inter: in
     triton_align = tokens * top_k <= MAX_SLOTS  # routing_triton.align_routing's choice
     if fp8_prefill.select_mode("auto", rows, _HAS_FP8 if has_fp8 else None) == "fp8":
         return ("fp8", triton_align)
-    tiles = fill_split(pick_tiles(rows, hidden, inter, decode), tokens * top_k, num_experts, hidden, inter, sm_count)
-    return (tiles, triton_align)
+    return (pick_call(rows, tokens * top_k, num_experts, hidden, inter, decode, sm_count), triton_align)
 
 
 def warmup_token_counts(top_k: int, num_experts: int, hidden: int, inter: int, max_tokens: int, *,

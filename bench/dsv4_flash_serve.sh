@@ -35,7 +35,7 @@ READY_TIMEOUT_S=${READY_TIMEOUT_S:-1500}
 mkdir -p "$OUT" "$RUNS"
 export PYTHONPATH="$(bash nvfp4stack/bundle/gpu_host.sh pythonpath):$PWD"
 if [ -n "${CACHE:-}" ]; then
-    export TILELANG_CACHE_DIR="$CACHE/tilelang" DG_JIT_CACHE_DIR="${DG_CACHE:-$CACHE/dg}" TRITON_CACHE_DIR="$CACHE/triton" \
+    export TILELANG_CACHE_DIR="${TL_CACHE:-$CACHE/tilelang}" DG_JIT_CACHE_DIR="${DG_CACHE:-$CACHE/dg}" TRITON_CACHE_DIR="$CACHE/triton" \
         VLLM_CACHE_ROOT="$CACHE/vllm"
 fi
 # vLLM's default DeepGEMM warm-up (relax): with "skip" the JIT moves into serving, and the 2026-11-26

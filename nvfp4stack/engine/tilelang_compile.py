@@ -22,7 +22,7 @@ import os
 import time
 from typing import Callable, Iterable
 
-log = logging.getLogger("nvfp4stack.engine")
+log = logging.getLogger("vllm.nvfp4stack")  # under vLLM's logger: its handlers, in the server log (a worker's INFO is lost elsewhere)
 
 ENV_WORKERS = "NVFP4STACK_TILELANG_COMPILE_WORKERS"
 

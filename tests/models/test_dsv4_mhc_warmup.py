@@ -168,7 +168,7 @@ def test_a_failing_warmup_is_a_warning_and_vllm_goes_on(kernel_warmup, monkeypat
     monkeypatch.setattr(mhc_warmup, "warm_every_split", broken)
     monkeypatch.setattr(mhc_warmup, "first_mhc_layer",
                         lambda m: SimpleNamespace(hc_attn_fn=SimpleNamespace(device=torch.device("cuda", 0))))
-    with caplog.at_level(logging.WARNING, logger="nvfp4stack.engine"):
+    with caplog.at_level(logging.WARNING, logger="vllm.nvfp4stack"):
         kw.deepseek_v4_mhc_warmup(Model(), max_tokens=64)
     assert "mHC warm-up stopped (RuntimeError: no TileLang here)" in caplog.text
     assert "NVFP4STACK_MHC_WARMUP=0 turns the warm-up off" in caplog.text
@@ -205,6 +205,9 @@ class _FlashLayer(DeepseekV4DecoderLayer):
         self.ffn_norm = SimpleNamespace(weight=nn.Parameter(w.clone(), requires_grad=False), variance_epsilon=1e-6)
 
 
+_FlashLayer.__name__ = "DeepseekV4DecoderLayer"   # the class name the warm-up finds layers by
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: vLLM 0.26's TileLang mHC kernels")
 def test_on_a_gpu_every_split_is_compiled_on_the_pool_and_later_counts_compile_nothing():
@@ -238,6 +241,7 @@ def test_on_a_gpu_every_split_is_compiled_on_the_pool_and_later_counts_compile_n
     try:
         tilelang_compile._compile_all = lambda recs, w, c: (pooled.append(len(recs)), real(recs, w, c))[1]
         model = nn.ModuleList([_FlashLayer()])
+        assert type(model[0]).__name__ == "DeepseekV4DecoderLayer"   # the name the warm-up finds layers by
         assert mhc_warmup.warm_every_split(model, 256) == len(mhc_warmup.token_counts(256))
         at_calls = [n for n in compiles if not n.startswith("nvfp4stack-tl")]
         assert pooled and sum(pooled) >= 4 and not at_calls, (pooled, compiles)

@@ -109,7 +109,8 @@ dev = sys.argv[1]
 g = torch.Generator().manual_seed(int(sys.argv[2]))
 bad = []
 for tokens, k, e, bm in [(37, 6, 8, 16), (5, 2, 16, 8), (300, 4, 32, 8), (1, 1, 4, 16), (8, 4, 32, 8),
-                         (700, 8, 256, 16), (2048, 4, 32, 16), (3, 4, 32, 8)]:
+                         (700, 8, 256, 16), (2048, 4, 32, 16), (3, 4, 32, 8),
+                         (64, 4, 64, 16), (43, 6, 64, 16)]:   # 256 and 258 slots: either side of SMALL_SLOTS
     probs = torch.rand(e, generator=g) ** 4
     probs[0] = probs.sum() * 3
     probs[-1] = 0
@@ -126,6 +127,14 @@ for tokens, k, e, bm in [(37, 6, 8, 16), (5, 2, 16, 8), (300, 4, 32, 8), (1, 1, 
 print("mismatches:", bad)
 sys.exit(1 if bad else 0)
 """
+
+
+def test_the_routing_chunk_and_path_by_slot_count():
+    from nvfp4stack.kernels.moe.hopper_w4a16 import routing_triton as rt
+
+    assert [rt.chunk_slots(n) for n in (1, 6, 48, rt.SMALL_SLOTS, rt.SMALL_SLOTS + 1, rt.MAX_SLOTS)] == \
+        [256, 256, 256, 256, 1024, 1024]
+    assert [rt.routing_path(n) for n in (6, 300, rt.MAX_SLOTS, rt.MAX_SLOTS + 1)] == [256, 1024, 1024, None]
 
 
 def test_triton_alignment_matches_torch():

@@ -2,7 +2,8 @@
 
 CPU: the regime boundaries for real shapes, worked out by hand from the tile heuristics
 (rows/expert = tokens * top_k / experts; decode tiles: few-row T8 < 2 <= T16 ring <= 10 < split ring <= 16 < T32 <= 32;
-Triton tiles <= 32, <= 160, FP8 from 64 when its weights exist, Triton routing up to 8192 slots).
+Triton tiles <= 32, <= 160, FP8 from 64 when its weights exist, Triton routing in 256-id chunks up to 256 slots,
+1024-id chunks up to 8192 slots, torch past them).
 GPU: after warm_up, forwards at other token counts compile nothing (Triton's jit_cache_hook
 counts every in-memory cache miss) and still match the fp32 twin.
 """
@@ -18,9 +19,10 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU
 
 @pytest.mark.parametrize("decode,fp8,expected", [
     # Flash EP shape: 64 local experts, top-6, 4096 x 2048
-    (True, True, [1, 6, 54, 683, 1366]),  # few-row T8 | 16-token ring | split ring | FP8 | FP8, torch routing
-    (True, False, [1, 6, 54, 683, 1366, 1707]),  # ... | split ring | 64-row | 64-row, torch routing | 128-row
-    (False, False, [1, 171, 342, 1366, 1707]),  # no decode kernels: one 16-row Triton tile to 16 rows
+    # few-row T8 | 16-token ring | ..., 1024-id routing chunks (258 slots) | split ring | FP8 | FP8, torch routing
+    (True, True, [1, 6, 43, 54, 683, 1366]),
+    (True, False, [1, 6, 43, 54, 683, 1366, 1707]),  # ... | split ring | 64-row | 64-row, torch routing | 128-row
+    (False, False, [1, 43, 171, 342, 1366, 1707]),  # no decode kernels: one 16-row Triton tile to 16 rows
 ])
 def test_flash_shape_boundaries(decode, fp8, expected):
     counts = wu.warmup_token_counts(6, 64, 4096, 2048, 8192, decode=decode, has_fp8=fp8)
@@ -32,8 +34,9 @@ def test_expert_parallel_boundaries():
     boundary sits at 8x the tokens; the routing still switches to torch past 8192 slots."""
     local = wu.warmup_token_counts(6, 64, 4096, 2048, 8192, decode=True, has_fp8=False)
     ep = wu.warmup_token_counts(6, 64, 4096, 2048, 8192, decode=True, has_fp8=False, routed_experts=512)
-    # FEW | 16-token ring | split ring | split ring, torch routing | 64-row Triton tile
-    assert ep == [1, 43, 427, 1366, 5462] and local[:3] == [1, 6, 54]
+    # FEW | 16-token ring (and 1024-id routing chunks: 258 slots) | split ring | split ring, torch routing | 64-row
+    # Triton tile
+    assert ep == [1, 43, 427, 1366, 5462] and local[:4] == [1, 6, 43, 54]
 
 
 def test_budget_cuts_the_list_and_every_count_has_its_own_key():
@@ -52,7 +55,8 @@ def test_budget_cuts_the_list_and_every_count_has_its_own_key():
 def test_decode_tiles_that_do_not_fit_fall_back():
     # 2880 divides into neither decode BK: the Triton 16-row tile serves all decode loads
     counts = wu.warmup_token_counts(4, 32, 2880, 2880, 4096, decode=True, has_fp8=False)
-    assert counts[:2] == [1, 129]  # 128 * 4 / 32 = 16 rows -> 32-row tile from 129 tokens
+    assert counts[:3] == [1, 65, 129]  # 1024-id routing chunks from 65 tokens (260 slots); 128 * 4 / 32 = 16 rows
+    # -> 32-row tile from 129 tokens
 
 
 def test_bad_budget_is_named():

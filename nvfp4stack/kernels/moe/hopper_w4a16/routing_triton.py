@@ -9,7 +9,11 @@ cumulative sum of its matches, the order the stable sort gives), its padding and
 id; one more program writes what lies past the last run. Same outputs, bit for bit. The first
 version, one program for all experts (a cumulative sum over a [chunk, experts] one-hot), took 27-39
 us at 48-64 experts on an H200; this one 3-5 us (bench/RESULTS.md).
-Used up to ``MAX_SLOTS`` routed slots; past that the torch version (parallel sort) is faster.
+Used up to ``MAX_SLOTS`` routed slots; past that the torch version (parallel sort) is faster. Each
+program reads the routed ids in chunks of ``chunk_slots(num_slots)``: 256 up to ``SMALL_SLOTS``, 1024
+past them (H200, 256 experts, CUDA graphs, 2026-11-27: 2.7 / 3.1 / 3.1 us with 256 at 6 / 48 / 192
+slots against 4.2 / 4.5 / 4.6 us with 1024; from 768 slots 1024 is the faster: 4.7 against 5.1 us,
+9.2 against 13.9 us at 3,072).
 """
 from __future__ import annotations
 
@@ -25,6 +29,19 @@ from nvfp4stack.kernels.moe.hopper_w4a16.routing import (
 )
 
 MAX_SLOTS = 8192
+SMALL_SLOTS = 256
+
+
+def chunk_slots(num_slots: int) -> int:
+    """The ids a routing program reads per step (the kernel's CH): 256 up to SMALL_SLOTS, else 1024."""
+    return 256 if num_slots <= SMALL_SLOTS else 1024
+
+
+def routing_path(num_slots: int) -> int | None:
+    """Which routing binary a CUDA call of ``num_slots`` routed slots runs: the Triton kernel's chunk
+    (``chunk_slots``), or None past MAX_SLOTS (the torch version, no Triton binary). The forward's
+    choice (``align_routing``) and the warm-up's launch keys both come from here."""
+    return chunk_slots(num_slots) if num_slots <= MAX_SLOTS else None
 
 
 def align_by_expert_triton(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> AlignedRouting:
@@ -55,7 +72,7 @@ def _launch(topk_ids: torch.Tensor, num_experts: int, sizes: tuple[int, ...], bl
     ep2 = max(16, 1 << (num_experts - 1).bit_length())
     align_kernel[(num_experts + 1,)](
         flat, num_slots, num_experts, s1, s1.numel(), e1, e1.numel(), n1, s2, s2.numel(), e2, e2.numel(), n2,
-        EP2=ep2, BM=blocks[0], CH=1024, FILL=1024, SPLIT=blocks[0] if len(blocks) == 2 else 0, BM2=blocks[-1],
+        EP2=ep2, BM=blocks[0], CH=chunk_slots(num_slots), FILL=1024, SPLIT=blocks[0] if len(blocks) == 2 else 0, BM2=blocks[-1],
         num_warps=4,
     )
     return tuple(AlignedRouting(*out, bm, num_slots) for out, bm in zip(outs, blocks))
@@ -64,13 +81,13 @@ def _launch(topk_ids: torch.Tensor, num_experts: int, sizes: tuple[int, ...], bl
 def align_routing(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> AlignedRouting:
     """The faster of the two alignments for this load (same outputs): one Triton launch for CUDA
     tensors up to ``MAX_SLOTS`` routed slots, the torch version otherwise (and on CPU)."""
-    if topk_ids.is_cuda and topk_ids.numel() <= MAX_SLOTS:
+    if topk_ids.is_cuda and routing_path(topk_ids.numel()) is not None:
         return align_by_expert_triton(topk_ids, num_experts, block_m)
     return align_by_expert(topk_ids, num_experts, block_m)
 
 
 def align_routing_split(topk_ids: torch.Tensor, num_experts: int, small: int, big: int) -> Split:
     """routing.align_split, in one Triton launch where align_routing would use one."""
-    if topk_ids.is_cuda and topk_ids.numel() <= MAX_SLOTS:
+    if topk_ids.is_cuda and routing_path(topk_ids.numel()) is not None:
         return align_split_triton(topk_ids, num_experts, small, big)
     return align_split(topk_ids, num_experts, small, big)

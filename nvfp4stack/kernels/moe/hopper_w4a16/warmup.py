@@ -26,7 +26,7 @@ from nvfp4stack.kernels.moe.hopper_w4a16.fused_moe import (
     routed_rows_per_expert,
     sm_count,
 )
-from nvfp4stack.kernels.moe.hopper_w4a16.routing_triton import MAX_SLOTS
+from nvfp4stack.kernels.moe.hopper_w4a16.routing_triton import routing_path
 
 log = logging.getLogger(__name__)
 
@@ -39,10 +39,10 @@ def launch_key(tokens: int, top_k: int, num_experts: int, hidden: int, inter: in
     """What decides the binaries one forward call of ``tokens`` tokens launches ('auto' mode; ``sm_count``:
     the GPU's SMs, on which the decode tiles' split_k depends, 0 for none)."""
     rows = routed_rows_per_expert(tokens, top_k, num_experts, routed_experts)
-    triton_align = tokens * top_k <= MAX_SLOTS  # routing_triton.align_routing's choice
+    routing = routing_path(tokens * top_k)  # routing_triton.align_routing's choice
     if fp8_prefill.select_mode("auto", rows, _HAS_FP8 if has_fp8 else None) == "fp8":
-        return ("fp8", triton_align)
-    return (pick_call(rows, tokens * top_k, num_experts, hidden, inter, decode, sm_count), triton_align)
+        return ("fp8", routing)
+    return (pick_call(rows, tokens * top_k, num_experts, hidden, inter, decode, sm_count), routing)
 
 
 def warmup_token_counts(top_k: int, num_experts: int, hidden: int, inter: int, max_tokens: int, *,

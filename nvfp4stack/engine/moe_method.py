@@ -11,6 +11,7 @@ parameters' storage) and its ``apply`` runs them (kernels/base.py: MoeBackend).
 from __future__ import annotations
 
 import logging
+import time
 from typing import Optional
 
 import torch
@@ -166,9 +167,14 @@ class Nvfp4StackModelOptMoE(ModelOptNvFp4FusedMoE):
         self.prepared = prepared
         self.op_tensors = prepared.op_tensors()  # once: apply only passes them on
         limit = getattr(layer, "swiglu_limit", None)
+        start = time.perf_counter()
         with triton_jit_hook_suspended():
-            backend.warm_up(prepared, top_k=self.moe.experts_per_token, max_tokens=engine_token_budget(),
-                            swiglu_limit=None if limit is None else float(limit))
+            counts = backend.warm_up(prepared, top_k=self.moe.experts_per_token, max_tokens=engine_token_budget(),
+                                     swiglu_limit=None if limit is None else float(limit))
+        if counts:   # [] where a layer of the same shapes warmed them already (the kernels' own log is not vLLM's)
+            log.info("nvfp4stack: %s: %s kernels compiled (or loaded from Triton's cache) for %d launch "
+                     "configurations (token counts %s) in %.1f s", p, self.kernel, len(counts), counts,
+                     time.perf_counter() - start)
 
     def apply(self, layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input):
         # Shared experts are run by vLLM's MoE runner (no internal modular kernel here).

@@ -1,5 +1,6 @@
 """Plugin registration, the nvfp4stack quant config's claims and per-module choices, the MoE method."""
 import json
+import logging
 import random
 import subprocess
 import sys
@@ -210,7 +211,7 @@ def _moe_config():
     return NS(is_act_and_mul=True, experts_per_token=2)  # FusedMoEMethodBase only stores it; top-k for warm-up
 
 
-def test_moe_method_fp8_prefill_builds_the_copy_once_and_hands_it_to_the_backend(registered, monkeypatch):
+def test_moe_method_fp8_prefill_builds_the_copy_once_and_hands_it_to_the_backend(registered, monkeypatch, caplog):
     """backend.moe_fp8_prefill: triton_w4a16's ``prepare`` builds the FP8 copy at load from the packed
     NVFP4 experts and it reaches the backend's ``apply`` through the opaque op. The backend here is
     triton_w4a16 with ``apply`` and ``warm_up`` recording and running the FP8 path's CPU twin:
@@ -233,7 +234,7 @@ def test_moe_method_fp8_prefill_builds_the_copy_once_and_hands_it_to_the_backend
         @classmethod
         def warm_up(cls, prepared, *, top_k, max_tokens, swiglu_limit):
             seen.update(warm=(top_k, max_tokens, prepared.fp8))
-            return []
+            return [1, 6]
 
     monkeypatch.setitem(MOE_BACKENDS._items, "fp8_recorder", Recorder)
     g = torch.Generator().manual_seed(random.randrange(2**31))
@@ -243,7 +244,11 @@ def test_moe_method_fp8_prefill_builds_the_copy_once_and_hands_it_to_the_backend
     m = Nvfp4StackModelOptMoE.__new__(Nvfp4StackModelOptMoE)
     Nvfp4StackModelOptMoE.__init__(m, None, _moe_config(), kernel="fp8_recorder", scheme=Scheme.NVFP4_W4A16,
                                    prefix="model.layers.1.mlp.experts", fp8_prefill=True)
-    m.process_weights_after_loading(layer)
+    with caplog.at_level(logging.INFO, logger="vllm.nvfp4stack"):
+        m.process_weights_after_loading(layer)
+    # the warm-up's counts reach vLLM's log (a worker's own kernels logger has no handler there)
+    assert "model.layers.1.mlp.experts: fp8_recorder kernels compiled" in caplog.text
+    assert "for 2 launch configurations (token counts [1, 6])" in caplog.text
     fp8 = m.prepared.fp8
     # the backend is asked to compile ahead at load: top-k of the layer, the token budget (vLLM's
     # default outside an engine), and the FP8 copy it will be handed

@@ -10,8 +10,10 @@
 #         what one client's untimed round compiles, the other's finds); everything else cold per server
 #   seq   a two-GPU host (GPUs 0,1): ours (TP=2) started cold, measured, stopped; then stock (TP=2) on the
 #         same GPUs, measured, stopped; then, while PHASE_S is left, ours with engine.ep=true, measured.
-#         The servers share TileLang's and DeepGEMM's caches (the same mHC kernels and attention linears:
-#         the later starts do not compile them again); Triton and torch.compile caches are each its own
+#         Every server has its own caches (each starts cold: neither finds what the other compiled, so
+#         neither ready times nor rounds that compile favour the later one). SEQ_SHARED_CACHES=1 shares
+#         TileLang's and DeepGEMM's (the same mHC kernels and attention linears: later starts are minutes
+#         shorter, and a later server finds DeepGEMM kernels an earlier client compiled: say so with its figures)
 #   tp4   ours alone on GPUs 0-3: TP4 + EP with the MTP draft, batches 1, 32, 256
 #   ref   who is right where ours and stock part: REF_LAYERS (default 8) layers, one GPU each, ours
 #         (GPU 0), stock (GPU 1) and the fp32 torch_emulation MoE, eager (GPU 2), greedy and teacher-forced
@@ -101,8 +103,9 @@ both() {   # tp2 and ep against one stock server (see "both" above)
     log "phase both done"
 }
 
-seq() {   # see "seq" above
-    local sh="TL_CACHE=/tmp/cache-tl DG_CACHE=/tmp/cache-dg VLLM_DEEP_GEMM_WARMUP=${VLLM_DEEP_GEMM_WARMUP:-skip}"
+phase_seq() {   # see "seq" above
+    local sh="VLLM_DEEP_GEMM_WARMUP=${VLLM_DEEP_GEMM_WARMUP:-skip}"
+    [ "${SEQ_SHARED_CACHES:-0}" = 1 ] && sh="TL_CACHE=/tmp/cache-tl DG_CACHE=/tmp/cache-dg $sh"
     local s
     for s in "$sh CUDA_VISIBLE_DEVICES=0,1 PORT=8011 MOE=triton_w4a16 TP=2 EP=false CACHE=/tmp/cache-ours TAG=ours-tp2" \
              "$sh CUDA_VISIBLE_DEVICES=0,1 PORT=8012 MOE=marlin TP=2 EP=false CACHE=/tmp/cache-stock TAG=stock-tp2" \
@@ -123,7 +126,7 @@ for p in $PHASES; do
     tp2) pair tp2 false ;;
     ep) pair ep true ;;
     both) both ;;
-    seq) seq ;;
+    seq) phase_seq ;;
     tp4)
         t="CUDA_VISIBLE_DEVICES=0,1,2,3 PORT=8013 MOE=triton_w4a16 TP=4 EP=true MTP=true CACHE=/tmp/cache-ours TAG=ours-tp4"
         up "$t"

@@ -38,8 +38,8 @@ def jit_kernels(module) -> list:
 
 
 def default_workers() -> int:
-    """``NVFP4STACK_TILELANG_COMPILE_WORKERS``, else half this process's CPUs, 1 to 16 (the ranks of one
-    host warm at once, each with its own pool)."""
+    """``NVFP4STACK_TILELANG_COMPILE_WORKERS``, else this process's CPUs shared among the host's GPUs (one rank
+    each, every rank warming at once with its own pool; at least two shares), 1 to 16 threads."""
     env = os.environ.get(ENV_WORKERS)
     if env:
         try:
@@ -47,13 +47,19 @@ def default_workers() -> int:
                 return int(env)
         except ValueError:
             pass
-        raise ValueError(f"{ENV_WORKERS}={env!r}: expected a whole number of threads, 1 or more; unset it for "
-                         "the default (half the CPUs, at most 16)")
+        log.warning("nvfp4stack: %s=%r: expected a whole number of threads, 1 or more; using the default (the "
+                    "CPUs shared among the GPUs, at most 16)", ENV_WORKERS, env)
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:   # no affinity on this platform
         cpus = os.cpu_count() or 2
-    return max(1, min(16, cpus // 2))
+    try:
+        import torch
+
+        gpus = torch.cuda.device_count()
+    except Exception:
+        gpus = 0
+    return max(1, min(16, cpus // max(2, gpus)))
 
 
 class _Unkeyed:
@@ -135,12 +141,13 @@ def compile_ahead(jits: Iterable, steps: list[Callable[[], object]], *, workers:
 
             def compile(*args, **kwargs):
                 key = _key(jit, args, kwargs)
-                if key in done:   # failed on the pool (or unkeyed): the kernel's own compile, as without the pool
-                    return real(jit, *args, **kwargs)
+                if key in done or isinstance(key[1], _Unkeyed):   # failed on the pool, or a call we cannot
+                    return real(jit, *args, **kwargs)            # key: the kernel's own compile, as without us
                 records.setdefault(key, (jit, args, kwargs))
                 raise Deferred
             return compile
 
+        before = [vars(jit).get("compile") for jit in jits]
         for jit in jits:   # an instance attribute: JITImpl.__call__ calls self.compile
             jit.compile = recorder(jit)
         try:
@@ -150,16 +157,19 @@ def compile_ahead(jits: Iterable, steps: list[Callable[[], object]], *, workers:
                 except Deferred:
                     pass
         finally:
-            for jit in jits:
-                vars(jit).pop("compile", None)
+            for jit, attr in zip(jits, before):
+                if attr is None:
+                    vars(jit).pop("compile", None)
+                else:
+                    jit.compile = attr
         if not records:
             return compiled
         t0 = time.perf_counter()
         ok, failed = _compile_all(records, workers, compile_tir or _tilelang_compile())
         done.update(records)
         compiled += ok
-        log.info("nvfp4stack: %d TileLang kernels compiled on %d threads in %.1f s%s", ok, workers,
-                 time.perf_counter() - t0, f" ({failed} left to their first call)" if failed else "")
+        log.info("nvfp4stack: %d TileLang kernels compiled on %d threads in %.1f s%s", ok,
+                 min(workers, len(records)), time.perf_counter() - t0, f" ({failed} left to their first call)" if failed else "")
     for step in steps:   # chains longer than max_rounds: what is left compiles at its call
         step()
     return compiled

@@ -144,9 +144,8 @@ def test_both_keeps_one_stock_server_for_tp2_and_ep(tmp_path):
 
 @pytest.mark.skipif(shutil.which("setsid") is None, reason="needs setsid (util-linux)")
 def test_seq_runs_ours_stock_then_ours_ep_in_turn_on_one_gpu_pair(tmp_path):
-    """Phase seq (a two-GPU host): one server at a time on GPUs 0,1, each stopped before the next starts;
-    TileLang's and DeepGEMM's caches shared, Triton's and torch.compile's per server; ours-EP only while
-    PHASE_S is left before the deadline."""
+    """Phase seq (a two-GPU host): one server at a time on GPUs 0,1; every cache its own server's unless
+    SEQ_SHARED_CACHES=1 (then TileLang's and DeepGEMM's shared); ours-EP only while PHASE_S is left."""
     r, flash, device_out = _run_pairs(tmp_path, "seq")
     log = (flash / "pairs.log").read_text()
     assert r.returncode == 0, r.stderr + log
@@ -157,11 +156,17 @@ def test_seq_runs_ours_stock_then_ours_ep_in_turn_on_one_gpu_pair(tmp_path):
         "ours-tp2: started", "measure ours-tp2", "stock-tp2: started", "measure stock-tp2",
         "ours-ep: started", "measure ours-ep"], events
     served = {t: (flash / f"{t}.serve.log").read_text() for t in ("ours-tp2", "stock-tp2", "ours-ep")}
-    for text in served.values():
-        assert "| GPUs 0,1 " in text and "| tilelang /tmp/cache-tl " in text and "| dg /tmp/cache-dg " in text
+    for tag, text in served.items():
+        cache = "/tmp/cache-stock" if tag.startswith("stock") else "/tmp/cache-ours"
+        assert "| GPUs 0,1 " in text and f"| tilelang {cache}/tilelang " in text and f"| dg {cache}/dg " in text
     assert "backend.moe=marlin" in served["stock-tp2"] and "engine.ep=true" in served["ours-ep"]
     assert sorted(p.name for p in flash.glob("*.json")) == ["ours-ep-r1.json", "ours-tp2-r1.json", "stock-tp2-r1.json"]
     assert "phase seq done" in log
+
+    r, flash, _ = _run_pairs(tmp_path / "shared", "seq", SEQ_SHARED_CACHES="1")
+    for tag in ("ours-tp2", "stock-tp2", "ours-ep"):
+        text = (flash / f"{tag}.serve.log").read_text()
+        assert "| tilelang /tmp/cache-tl " in text and "| dg /tmp/cache-dg " in text
 
     r, flash, _ = _run_pairs(tmp_path / "late", "seq", PHASE_S="99999")
     log = (flash / "pairs.log").read_text()

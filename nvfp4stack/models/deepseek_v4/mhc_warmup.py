@@ -90,23 +90,31 @@ def warm_every_split(model, max_tokens: int, kernels=None, jits=None) -> int:
     hc = (layer.rms_norm_eps, layer.hc_eps, layer.hc_eps, layer.hc_post_alpha, layer.hc_sinkhorn_iters)
     m, h = layer.hc_mult, layer.hidden_size
     x_all = torch.zeros(sizes[-1], h, dtype=torch.bfloat16, device=device)
-    # the previous stage's outputs as zeros of their shapes: a later pipeline stage's inputs, and the
-    # fused kernel's inputs in a round where the broadcast pre's compile was deferred
-    res_all = torch.zeros(sizes[-1], m, h, dtype=torch.bfloat16, device=device)
-    post_all = torch.zeros(sizes[-1], m, 1, dtype=torch.float32, device=device)
-    mix_all = torch.zeros(sizes[-1], m, m, dtype=torch.float32, device=device)
+    stand_in: list = []
+
+    def previous_stage(n: int) -> tuple:
+        """The previous stage's outputs as zeros of their shapes (made once, when first needed): a later
+        pipeline stage's inputs, and the fused kernel's in a round where the broadcast pre was deferred."""
+        if not stand_in:
+            stand_in.extend((torch.zeros(sizes[-1], m, h, dtype=torch.bfloat16, device=device),
+                             torch.zeros(sizes[-1], m, 1, dtype=torch.float32, device=device),
+                             torch.zeros(sizes[-1], m, m, dtype=torch.float32, device=device)))
+        res_all, post_all, mix_all = stand_in
+        return res_all[:n], post_all[:n], mix_all[:n], x_all[:n]
+
     broadcast = getattr(layer, "hc_attn_fn_broadcast", None)
 
     def step(n: int) -> None:
-        inputs = res_all[:n], post_all[:n], mix_all[:n], x_all[:n]
-        if broadcast is not None:
+        if broadcast is None:
+            inputs = previous_stage(n)
+        else:
             try:
                 inputs = pre_broadcast(
                     x_all[:n], layer.hc_attn_fn, layer.hc_attn_scale, layer.hc_attn_base, *hc,
                     norm_weight=layer.attn_norm.weight.data, norm_eps=layer.attn_norm.variance_epsilon,
                     fn_broadcast=broadcast)
             except Deferred:   # recorded for the pool: the fused kernel's compile is recorded this round too
-                pass
+                inputs = previous_stage(n)
         residual, post_mix, res_mix, x = inputs
         fused_post_pre(x, residual, post_mix, res_mix, layer.hc_ffn_fn, layer.hc_ffn_scale, layer.hc_ffn_base,
                        *hc, n_splits=1, tile_n=1, norm_weight=layer.ffn_norm.weight.data,

@@ -110,7 +110,9 @@ g = torch.Generator().manual_seed(int(sys.argv[2]))
 bad = []
 for tokens, k, e, bm in [(37, 6, 8, 16), (5, 2, 16, 8), (300, 4, 32, 8), (1, 1, 4, 16), (8, 4, 32, 8),
                          (700, 8, 256, 16), (2048, 4, 32, 16), (3, 4, 32, 8),
-                         (64, 4, 64, 16), (43, 6, 64, 16)]:   # 256 and 258 slots: either side of SMALL_SLOTS
+                         (64, 4, 64, 16), (43, 6, 64, 16),   # 256 and 258 slots: either side of SMALL_SLOTS
+                         (1, 6, 256, 16), (40, 6, 256, 16), (25, 10, 512, 16)]:   # decode at Flash's 256, more
+                                                                                  # experts than ids a step
     probs = torch.rand(e, generator=g) ** 4
     probs[0] = probs.sum() * 3
     probs[-1] = 0

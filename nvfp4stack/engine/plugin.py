@@ -43,6 +43,13 @@ def register() -> bool:
     from nvfp4stack.families.registry import families
 
     platform = "cpu" if current_platform.is_cpu() else "cuda" if current_platform.is_cuda() else "other"
+    if platform == "cuda":   # opt-in (NVFP4STACK_DEEPGEMM_WARMUP_PROCS): DeepGEMM's warm-up over processes
+        try:
+            from nvfp4stack.engine.deepgemm_warmup import install as install_deepgemm_warmup
+
+            install_deepgemm_warmup()
+        except Exception as e:
+            log.warning("nvfp4stack: the DeepGEMM warm-up was not installed (%s: %s)", type(e).__name__, e)
     for family in families():   # e.g. a family's kernel warm-up on CUDA; vLLM does not catch a plugin's errors
         try:
             family.register_vllm(platform)

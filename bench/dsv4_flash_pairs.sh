@@ -103,6 +103,17 @@ both() {   # tp2 and ep against one stock server (see "both" above)
     log "phase both done"
 }
 
+gpus_released() {   # wait (up to 90 s) until GPUs 0,1 hold under 2 GiB each: a stopped server's memory is back
+    local used=
+    for _ in $(seq 1 90); do
+        used=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0,1 2>/dev/null |
+               awk -F', *' '{v = $NF; gsub(/[^0-9]/, "", v); if (v + 0 > m) m = v + 0} END {print m + 0}')
+        [ "${used:-99999}" -lt 2048 ] && return 0
+        sleep 1
+    done
+    log "GPUs 0,1 still hold ${used:-?} MiB 90 s after the server stopped"
+}
+
 phase_seq() {   # see "seq" above
     local sh="VLLM_DEEP_GEMM_WARMUP=${VLLM_DEEP_GEMM_WARMUP:-skip}"
     [ "${SEQ_SHARED_CACHES:-0}" = 1 ] && sh="TL_CACHE=/tmp/cache-tl DG_CACHE=/tmp/cache-dg $sh"
@@ -115,6 +126,7 @@ phase_seq() {   # see "seq" above
         is_ready "$s" && { log "measure $(tag "$s")"; measure "$s" 1; }
         nvidia-smi --query-gpu=index,memory.used --format=csv,noheader >> "$OUT/pairs.log"
         down "$s"
+        gpus_released
     done
     log "phase seq done"
 }

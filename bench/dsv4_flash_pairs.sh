@@ -107,7 +107,8 @@ gpus_released() {   # wait (up to 90 s) until GPUs 0,1 hold under 2 GiB each: a 
     local used=
     for _ in $(seq 1 90); do
         used=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0,1 2>/dev/null |
-               awk -F', *' '{v = $NF; gsub(/[^0-9]/, "", v); if (v + 0 > m) m = v + 0} END {print m + 0}')
+               awk -F', *' '$NF ~ /[0-9]/ {v = $NF; gsub(/[^0-9]/, "", v); if (v + 0 > m) m = v + 0; n++}
+                            END {if (n) print m + 0}')   # nothing (no nvidia-smi, [N/A]): not released
         [ "${used:-99999}" -lt 2048 ] && return 0
         sleep 1
     done

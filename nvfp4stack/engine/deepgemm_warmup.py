@@ -9,9 +9,10 @@ do not help; its cache directory (``DG_JIT_CACHE_DIR``) is safe across processes
 ``tmp/<pid>-...`` and renames it into place).
 
 ``install()`` wraps the name vLLM 0.26's ``kernel_warmup`` calls. With ``NVFP4STACK_DEEPGEMM_WARMUP_PROCS=N``
-(N >= 1) it first starts N child processes (``python -m nvfp4stack.engine.deepgemm_warmup``, a JSON spec on
-stdin: shapes, strides, dtypes and M values, nothing else) that make vLLM's own calls, each on its share of
-the (weight size, M) pairs, on this rank's GPU and into the same cache; then vLLM's warm-up runs as before
+(N >= 1) it first starts N child processes (``python -P -m nvfp4stack.engine.deepgemm_warmup SPEC``, SPEC a
+JSON file: shapes, strides, dtypes, M values and the worker's UE8M0 choice, nothing else) that make vLLM's own
+calls, each on a contiguous run of every weight size's M values, on this rank's GPU and into the same cache
+(the ranks of one server do not split the work: each rank's children compile the same kernels); then vLLM's warm-up runs as before
 and loads every kernel from disk. A child that fails or runs past ``NVFP4STACK_DEEPGEMM_WARMUP_TIMEOUT_S``
 (default 1800) costs only the speed-up: vLLM's own warm-up compiles what is missing. Each child holds a
 CUDA context and its largest case's buffers (vLLM's warm-up's: max_num_batched_tokens rows), about 0.5-1 GB
@@ -22,8 +23,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Callable
 
@@ -71,52 +74,67 @@ def gemm_cases(model, max_tokens: int, *, may_use: Callable, extract: Callable, 
 
 
 def shares(cases: list[dict], procs: int) -> list[list[dict]]:
-    """The (case, M) pairs dealt round-robin to ``procs`` children, M values in order within each case; a
-    child's share is a list of cases with its M values (empty shares dropped)."""
+    """Each case's M values cut into ``procs`` contiguous runs, run i of every case to child i (empty shares
+    dropped). Neighbouring M values mostly need the same kernel (DeepGEMM's key has N, K and the tile
+    configuration, not M): contiguous runs keep each kernel's compile in one child, but at a run's edge."""
     out: list[list[dict]] = [[] for _ in range(max(1, procs))]
-    turn = 0
     for case in cases:
-        mine: list[list[int]] = [[] for _ in out]
-        for m in case["m"]:
-            mine[turn % len(out)].append(m)
-            turn += 1
-        for share, ms in zip(out, mine):
-            if ms:
-                share.append({**case, "m": ms})
+        ms = case["m"]
+        for i, share in enumerate(out):
+            run = ms[len(ms) * i // len(out):len(ms) * (i + 1) // len(out)]
+            if run:
+                share.append({**case, "m": run})
     return [s for s in out if s]
 
 
+def _stop(p: subprocess.Popen) -> None:
+    """Kill a child and everything it started (its nvcc), then reap it."""
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        p.kill()
+    p.wait()
+
+
 def run_children(specs: list[dict], timeout_s: float, command: list[str] | None = None) -> tuple[int, int]:
-    """Run one child per spec at once (the spec as JSON on stdin); (finished, failed or timed out)."""
-    command = command or [sys.executable, "-m", "nvfp4stack.engine.deepgemm_warmup"]
-    procs = []
-    for spec in specs:
-        p = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                             text=True, env=dict(os.environ))
-        p.stdin.write(json.dumps(spec))
-        p.stdin.close()
-        procs.append(p)
-    deadline = time.monotonic() + timeout_s
+    """Run one child per spec at once (the spec in a temporary JSON file, its path the last argument); (finished,
+    failed or timed out). Every child is stopped and reaped before this returns, whatever happens here."""
+    command = command or [sys.executable, "-P", "-m", "nvfp4stack.engine.deepgemm_warmup"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))   # this process's imports
+    procs: list[tuple[subprocess.Popen, object]] = []
     ok = failed = 0
-    for p in procs:
+    with tempfile.TemporaryDirectory(prefix="nvfp4stack-dg-") as tmp:
         try:
-            p.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-            failed += 1
-            log.warning("nvfp4stack: a DeepGEMM warm-up child ran past %.0f s (%s) and was stopped; vLLM's own "
-                        "warm-up compiles what it left", timeout_s, ENV_TIMEOUT)
-            continue
-        if p.returncode == 0:
-            ok += 1
-        else:
-            failed += 1
-            tail = (p.stderr.read() or "").strip().splitlines()[-3:]
-            log.warning("nvfp4stack: a DeepGEMM warm-up child failed (exit %s): %s; vLLM's own warm-up compiles "
-                        "what it left", p.returncode, " | ".join(tail))
-    for p in procs:
-        p.stderr.close()
+            for i, spec in enumerate(specs):
+                path = os.path.join(tmp, f"spec-{i}.json")
+                with open(path, "w") as f:
+                    json.dump(spec, f)
+                err = tempfile.TemporaryFile(mode="w+", dir=tmp)
+                procs.append((subprocess.Popen(command + [path], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                               stderr=err, env=env, start_new_session=True), err))
+            deadline = time.monotonic() + timeout_s
+            for p, err in procs:
+                try:
+                    p.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    _stop(p)
+                    failed += 1
+                    log.warning("nvfp4stack: a DeepGEMM warm-up child ran past %.0f s (%s) and was stopped; "
+                                "vLLM's own warm-up compiles what it left", timeout_s, ENV_TIMEOUT)
+                    continue
+                if p.returncode == 0:
+                    ok += 1
+                    continue
+                failed += 1
+                err.seek(0)
+                tail = err.read().strip().splitlines()[-3:]
+                log.warning("nvfp4stack: a DeepGEMM warm-up child failed (exit %s): %s; vLLM's own warm-up "
+                            "compiles what it left", p.returncode, " | ".join(tail))
+        finally:
+            for p, err in procs:
+                if p.poll() is None:
+                    _stop(p)
+                err.close()
     return ok, failed
 
 
@@ -131,7 +149,11 @@ def precompile(model, max_tokens: int, procs: int, device_index: int) -> int:
     if not calls:
         return 0
     t0 = time.perf_counter()
-    specs = [{"device": device_index, "max_tokens": max_tokens, "cases": share} for share in shares(cases, procs)]
+    from vllm.utils.deep_gemm import is_deep_gemm_e8m0_used
+
+    e8m0 = bool(is_deep_gemm_e8m0_used())   # this worker's own answer, not a fresh process's
+    specs = [{"device": device_index, "max_tokens": max_tokens, "e8m0": e8m0, "cases": share}
+             for share in shares(cases, procs)]
     ok, failed = run_children(specs, _env_int(ENV_TIMEOUT, 1800, 1))
     log.info("nvfp4stack: DeepGEMM warm-up: %d calls over %d weight sizes in %d processes (%d failed) in %.1f s",
              calls, len(cases), len(specs), failed, time.perf_counter() - t0)
@@ -143,10 +165,13 @@ def child_main(spec: dict, gemm: Callable | None = None, block_k: int | None = N
     import torch
 
     if gemm is None:
+        torch.cuda.set_device(spec["device"])   # before DeepGEMM's first (lazy) start, which reads the device
         from vllm.utils.deep_gemm import fp8_gemm_nt, get_mk_alignment_for_contiguous_layout
 
-        torch.cuda.set_device(spec["device"])
-        gemm, block_k = fp8_gemm_nt, get_mk_alignment_for_contiguous_layout()[0]
+        def gemm(a, b, out):
+            fp8_gemm_nt(a, b, out, is_deep_gemm_e8m0_used=spec["e8m0"])
+
+        block_k = get_mk_alignment_for_contiguous_layout()[0]
     for case in spec["cases"]:
         w = torch.empty_strided(case["w"]["shape"], case["w"]["stride"], dtype=getattr(torch, case["w"]["dtype"]),
                                 device=device)
@@ -173,7 +198,8 @@ def install() -> bool:
         from vllm.model_executor.warmup import deep_gemm_warmup as dw
         from vllm.model_executor.warmup import kernel_warmup
     except Exception as e:   # never let an optional warm-up stop vLLM's plugin loading
-        log.debug("nvfp4stack: no vLLM DeepGEMM warm-up to extend (%s)", e)
+        log.warning("nvfp4stack: %s is set, but vLLM's DeepGEMM warm-up could not be imported (%s: %s): left as "
+                    "it is", ENV_PROCS, type(e).__name__, e)
         return False
     vllms = getattr(kernel_warmup, "deep_gemm_warmup", None)
     needed = ("_fp8_linear_may_use_deep_gemm", "_extract_data_from_linear_base_module", "_get_fp8_gemm_nt_m_values")
@@ -200,4 +226,5 @@ def install() -> bool:
 
 
 if __name__ == "__main__":
-    child_main(json.load(sys.stdin))
+    with open(sys.argv[1]) as spec_file:
+        child_main(json.load(spec_file))

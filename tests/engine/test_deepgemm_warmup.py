@@ -47,17 +47,20 @@ def test_one_case_per_weight_size_with_its_layout_and_m_values():
     assert _cases(_model(), done={torch.Size([512, 256])})[0]["w"]["shape"] == [256, 512]
 
 
-def test_shares_deal_every_call_once_and_evenly():
+def test_shares_deal_every_call_once_in_contiguous_runs():
+    """Neighbouring M values mostly need one kernel: each child gets a contiguous run of every case's M values."""
     cases = _cases(_model())
     for procs in (1, 2, 3, 16):
         parts = dw.shares(cases, procs)
         dealt = sorted((tuple(c["w"]["shape"]), m) for part in parts for c in part for m in c["m"])
         assert dealt == sorted((tuple(c["w"]["shape"]), m) for c in cases for m in c["m"])
-        sizes = [sum(len(c["m"]) for c in part) for part in parts]
-        assert len(parts) == min(procs, 7) and max(sizes) - min(sizes) <= 1
-        for part in parts:   # M ascending within a case, the case's layout kept
-            for c in part:
-                assert c["m"] == sorted(c["m"]) and c["ws"]["stride"] in ([1, 4], [1, 2])
+        assert min(procs, 5) <= len(parts) <= procs   # the longest case has 5 M values
+        for case in cases:   # the runs of a case, in child order, are its M list cut in order
+            runs = [c["m"] for part in parts for c in part if c["w"] == case["w"]]
+            assert [m for run in runs for m in run] == case["m"]
+            assert max(map(len, runs)) - min(map(len, runs)) <= 1
+        for part in parts:   # the case's layout kept
+            assert all(c["ws"]["stride"] in ([1, 4], [1, 2]) for c in part)
 
 
 def test_a_child_makes_vllms_calls_on_the_weights_own_layout():
@@ -67,9 +70,9 @@ def test_a_child_makes_vllms_calls_on_the_weights_own_layout():
         (x, xs), (w, ws) = a, b
         calls.append((x.shape[0], xs.shape, tuple(w.shape), w.dtype, ws.stride(), ws.dtype, out.shape, out.dtype))
 
-    spec = {"device": 0, "max_tokens": 64, "cases": dw.shares(_cases(_model()), 2)[0]}
+    spec = {"device": 0, "max_tokens": 64, "e8m0": False, "cases": dw.shares(_cases(_model()), 2)[1]}
     dw.child_main(json.loads(json.dumps(spec)), gemm=gemm, block_k=128, device="cpu")
-    assert [c[0] for c in calls] == [1, 4, 64, 3]   # its share: every other call, dealt on across cases
+    assert [c[0] for c in calls] == [4, 8, 64, 3]   # its share: the second run of each case's M values
     m, xs, w, wdt, wss, wsdt, out, odt = calls[2]
     assert xs == (64, 2) and w == (512, 256) and wdt == torch.float8_e4m3fn and wss == (1, 4)
     assert wsdt == torch.float32 and out == (64, 512) and odt == torch.bfloat16
@@ -77,7 +80,8 @@ def test_a_child_makes_vllms_calls_on_the_weights_own_layout():
 
 CHILD = r"""
 import json, os, sys, time
-spec = json.load(sys.stdin)
+spec = json.load(open(sys.argv[-1]))
+sys.stderr.write("x" * 200000 + "\nlast words\n")   # more than a pipe holds: must not stall the parent
 with open(os.path.join(os.environ["OUT_DIR"], f"{spec['tag']}.json"), "w") as f:
     json.dump(spec, f)
 if spec["tag"] == "slow":
@@ -93,7 +97,34 @@ def test_children_get_their_spec_and_a_bad_or_slow_one_is_a_warning(tmp_path, mo
     assert json.loads((tmp_path / "a.json").read_text()) == {"tag": "a", "cases": [1]}
     with caplog.at_level(logging.WARNING, logger="vllm.nvfp4stack"):
         assert dw.run_children([{"tag": "ok"}, {"tag": "bad"}, {"tag": "slow"}], 5, command) == (1, 2)
-    assert "child failed (exit 3)" in caplog.text and "ran past 5 s" in caplog.text
+    assert "child failed (exit 3)" in caplog.text and "last words" in caplog.text and "ran past 5 s" in caplog.text
+
+
+def test_children_are_stopped_when_the_parent_is_interrupted(tmp_path, monkeypatch):
+    """A worker stopped mid-wait (vLLM turns SIGTERM into SystemExit) leaves no child running."""
+    monkeypatch.setenv("OUT_DIR", str(tmp_path))
+    started = []
+    real_popen = dw.subprocess.Popen
+
+    def popen(*a, **k):
+        started.append(real_popen(*a, **k))
+        return started[-1]
+
+    monkeypatch.setattr(dw.subprocess, "Popen", popen)
+
+    real_wait, hits = real_popen.wait, []
+
+    def interrupted(self, timeout=None):   # the first wait is interrupted; the clean-up's waits are real
+        if not hits:
+            hits.append(1)
+            raise SystemExit(143)
+        return real_wait(self, timeout)
+
+    monkeypatch.setattr(real_popen, "wait", interrupted, raising=True)
+    with pytest.raises(SystemExit):
+        dw.run_children([{"tag": "slow"}, {"tag": "slow2"}], 60, [sys.executable, "-c", CHILD])
+    monkeypatch.undo()
+    assert len(started) == 2 and all(p.poll() is not None for p in started)
 
 
 @pytest.fixture
@@ -171,10 +202,13 @@ def test_precompile_uses_vllms_own_selection(monkeypatch):
                         lambda m: (m.weight, m.weight_scale_inv, [128, 128]), raising=False)
     monkeypatch.setattr(vdw, "_get_fp8_gemm_nt_m_values", lambda w, t: [1, 2, t], raising=False)
     monkeypatch.setattr(vdw, "FP8_GEMM_NT_WARMUP_CACHE", set(), raising=False)
+    import vllm.utils.deep_gemm as vdg
+
+    monkeypatch.setattr(vdg, "is_deep_gemm_e8m0_used", lambda: True)
     got = []
     monkeypatch.setattr(dw, "run_children", lambda specs, timeout: (got.append((specs, timeout)), (len(specs), 0))[1])
     assert dw.precompile(_model(), 32, 4, 1) == 6
     specs, timeout = got[0]
-    assert timeout == 1800 and len(specs) == 4 and {s["device"] for s in specs} == {1}
-    assert all(s["max_tokens"] == 32 for s in specs)
+    assert timeout == 1800 and len(specs) == 3 and {s["device"] for s in specs} == {1}   # 3 M values a case
+    assert all(s["max_tokens"] == 32 and s["e8m0"] is True for s in specs)
     assert dw.precompile(SimpleNamespace(modules=lambda: []), 32, 4, 0) == 0 and len(got) == 1

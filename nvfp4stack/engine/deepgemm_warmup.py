@@ -4,7 +4,7 @@ vLLM's ``deep_gemm_warmup`` (``VLLM_DEEP_GEMM_WARMUP=relax``, its default) calls
 at every M of its list for each weight size of the FP8 block-scaled linears, one call after another, and
 DeepGEMM compiles a kernel for each new tile configuration (2-3 s each on an H200 host: about 1,690 calls,
 25 minutes, for the flagship recipe's model at TP=2). With the warm-up skipped, the compiles happen while serving
-(114 in one client run, bench/RESULTS.md). DeepGEMM compiles in C++ without releasing the GIL, so threads
+(37 in one client run, bench/RESULTS.md). DeepGEMM compiles in C++ without releasing the GIL, so threads
 do not help; its cache directory (``DG_JIT_CACHE_DIR``) is safe across processes (a compile writes
 ``tmp/<pid>-...`` and renames it into place).
 

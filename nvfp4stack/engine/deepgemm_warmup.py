@@ -3,8 +3,8 @@
 vLLM's ``deep_gemm_warmup`` (``VLLM_DEEP_GEMM_WARMUP=relax``, its default) calls DeepGEMM's ``fp8_gemm_nt``
 at every M of its list for each weight size of the FP8 block-scaled linears, one call after another, and
 DeepGEMM compiles a kernel for each new tile configuration (2-3 s each on an H200 host: about 1,690 calls,
-25 minutes, for the flagship recipe's model at TP=2). With the warm-up skipped, the compiles happen while serving
-(37 in one client run, bench/RESULTS.md). DeepGEMM compiles in C++ without releasing the GIL, so threads
+25 minutes, for the flagship recipe's model at TP=2). With the warm-up skipped, the compiles happen while
+serving (37 in one client run, bench/RESULTS.md). DeepGEMM compiles in C++ without releasing the GIL, so threads
 do not help; its cache directory (``DG_JIT_CACHE_DIR``) is safe across processes (a compile writes
 ``tmp/<pid>-...`` and renames it into place).
 
@@ -12,8 +12,8 @@ do not help; its cache directory (``DG_JIT_CACHE_DIR``) is safe across processes
 (N >= 1) it first starts N child processes (``python -P -m nvfp4stack.engine.deepgemm_warmup SPEC``, SPEC a
 JSON file: shapes, strides, dtypes, M values and the worker's UE8M0 choice, nothing else) that make vLLM's own
 calls, each on a contiguous run of every weight size's M values, on this rank's GPU and into the same cache
-(the ranks of one server do not split the work: each rank's children compile the same kernels); then vLLM's warm-up runs as before
-and loads every kernel from disk. A child that fails or runs past ``NVFP4STACK_DEEPGEMM_WARMUP_TIMEOUT_S``
+(the ranks of one server do not split the work: each rank's children compile the same kernels); then vLLM's
+warm-up runs as before and loads every kernel from disk. A child that fails or runs past ``NVFP4STACK_DEEPGEMM_WARMUP_TIMEOUT_S``
 (default 1800) costs only the speed-up: vLLM's own warm-up compiles what is missing. Each child holds a
 CUDA context and its largest case's buffers (vLLM's warm-up's: max_num_batched_tokens rows), about 0.5-1 GB
 of the GPU, while it runs.
@@ -30,25 +30,13 @@ import tempfile
 import time
 from typing import Callable
 
+from nvfp4stack.engine.env_settings import env_int
+
 log = logging.getLogger("vllm.nvfp4stack")  # under vLLM's logger: its handlers, in the server log
 
 ENV_PROCS = "NVFP4STACK_DEEPGEMM_WARMUP_PROCS"
 ENV_TIMEOUT = "NVFP4STACK_DEEPGEMM_WARMUP_TIMEOUT_S"
 _MARK = "__nvfp4stack_deepgemm_warmup__"
-
-
-def _env_int(name: str, default: int, least: int) -> int:
-    raw = os.environ.get(name)
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = least - 1
-    if value < least:
-        log.warning("nvfp4stack: %s=%r: expected a whole number >= %d; using %d", name, raw, least, default)
-        return default
-    return value
 
 
 def _tensor_spec(t) -> dict:
@@ -154,7 +142,7 @@ def precompile(model, max_tokens: int, procs: int, device_index: int) -> int:
     e8m0 = bool(is_deep_gemm_e8m0_used())   # this worker's own answer, not a fresh process's
     specs = [{"device": device_index, "max_tokens": max_tokens, "e8m0": e8m0, "cases": share}
              for share in shares(cases, procs)]
-    ok, failed = run_children(specs, _env_int(ENV_TIMEOUT, 1800, 1))
+    ok, failed = run_children(specs, env_int(ENV_TIMEOUT, 1800, 1))
     log.info("nvfp4stack: DeepGEMM warm-up: %d calls over %d weight sizes in %d processes (%d failed) in %.1f s",
              calls, len(cases), len(specs), failed, time.perf_counter() - t0)
     return calls
@@ -191,7 +179,7 @@ def child_main(spec: dict, gemm: Callable | None = None, block_k: int | None = N
 def install() -> bool:
     """Wrap vLLM 0.26's ``kernel_warmup.deep_gemm_warmup`` when ``NVFP4STACK_DEEPGEMM_WARMUP_PROCS`` >= 1;
     False otherwise, or where that vLLM has no such helpers (another version, no CUDA build)."""
-    procs = _env_int(ENV_PROCS, 0, 0)
+    procs = env_int(ENV_PROCS, 0, 0)
     if procs < 1:
         return False
     try:

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-import os
 import time
 from typing import Callable, Iterable
 
-log = logging.getLogger("vllm.nvfp4stack")  # under vLLM's logger: its handlers, in the server log (a worker's INFO is lost elsewhere)
+from nvfp4stack.engine.env_settings import env_int
+
+# under vLLM's logger: its handlers, in the server log (a worker's INFO is lost elsewhere)
+log = logging.getLogger("vllm.nvfp4stack")
 
 ENV_WORKERS = "NVFP4STACK_TILELANG_COMPILE_WORKERS"
 
@@ -38,28 +40,17 @@ def jit_kernels(module) -> list:
 
 
 def default_workers() -> int:
-    """``NVFP4STACK_TILELANG_COMPILE_WORKERS``, else this process's CPUs shared among the host's GPUs (one rank
-    each, every rank warming at once with its own pool; at least two shares), 1 to 16 threads."""
-    env = os.environ.get(ENV_WORKERS)
-    if env:
-        try:
-            if int(env) >= 1:
-                return int(env)
-        except ValueError:
-            pass
-        log.warning("nvfp4stack: %s=%r: expected a whole number of threads, 1 or more; using the default (the "
-                    "CPUs shared among the GPUs, at most 16)", ENV_WORKERS, env)
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:   # no affinity on this platform
-        cpus = os.cpu_count() or 2
+    """``NVFP4STACK_TILELANG_COMPILE_WORKERS``, else this process's usable cores shared among the host's GPUs
+    (one rank each, every rank warming at once with its own pool; at least two shares), 1 to 16 threads."""
+    from nvfp4stack.convert.stream import usable_cores
+
     try:
         import torch
 
         gpus = torch.cuda.device_count()
     except Exception:
         gpus = 0
-    return max(1, min(16, cpus // max(2, gpus)))
+    return env_int(ENV_WORKERS, max(1, min(16, usable_cores() // max(2, gpus))), 1)
 
 
 class _Unkeyed:
@@ -168,8 +159,9 @@ def compile_ahead(jits: Iterable, steps: list[Callable[[], object]], *, workers:
         ok, failed = _compile_all(records, workers, compile_tir or _tilelang_compile())
         done.update(records)
         compiled += ok
+        left = f" ({failed} left to their first call)" if failed else ""
         log.info("nvfp4stack: %d TileLang kernels compiled on %d threads in %.1f s%s", ok,
-                 min(workers, len(records)), time.perf_counter() - t0, f" ({failed} left to their first call)" if failed else "")
+                 min(workers, len(records)), time.perf_counter() - t0, left)
     for step in steps:   # chains longer than max_rounds: what is left compiles at its call
         step()
     return compiled

@@ -23,7 +23,8 @@ import logging
 import os
 import time
 
-log = logging.getLogger("vllm.nvfp4stack")  # under vLLM's logger: its handlers, in the server log (a worker's INFO is lost elsewhere)
+# under vLLM's logger: its handlers, in the server log (a worker's INFO is lost elsewhere)
+log = logging.getLogger("vllm.nvfp4stack")
 
 ENV = "NVFP4STACK_MHC_WARMUP"
 _MARK = "__nvfp4stack_mhc_warmup__"

@@ -2,7 +2,8 @@
 # Issue #34 on one four-GPU host: ours and stock vLLM side by side, each on its own GPU pair with its own
 # compile caches, started together (both cold), then measured in turn (ours, stock, stock, ours) so
 # that neither client competes with the other. PHASES (default "tp2 ep"):
-#   tp2   engine.tp=2            ours (triton_w4a16, GPUs 0,1) next to stock (marlin, GPUs 2,3)
+#   tp2   engine.tp=2            ours (triton_w4a16, GPUs 0,1) next to stock (marlin, GPUs 2,3); measured ours, stock,
+#         then stock, ours again (a second round each) while MEASURE_S (default 300) is left to the deadline
 #   ep    engine.tp=2 engine.ep=true, the same pairs (caches warm from tp2)
 #   both  tp2 and ep in one start of stock: ours (TP=2) next to stock (TP=2), measured ours, stock; then
 #         ours restarted with engine.ep=true on its GPUs while stock stays up, measured ours-EP, stock again
@@ -74,6 +75,9 @@ pair() {   # $1 phase name, $2 EP
     is_ready "$a" && order+=("a 2")
     for o in "${order[@]}"; do
         who=$a; [ "${o% *}" = b ] && who=$b
+        if [ "${o#* }" = 2 ] && [ $(( DEADLINE - $(date +%s) )) -lt "${MEASURE_S:-300}" ]; then
+            log "skip $(tag "$who") round 2: under ${MEASURE_S:-300} s (MEASURE_S) to the deadline"; continue
+        fi
         log "measure $(tag "$who") round ${o#* }"
         measure "$who" "${o#* }"
     done

@@ -11,10 +11,11 @@ do not help; its cache directory (``DG_JIT_CACHE_DIR``) is safe across processes
 ``install()`` wraps the name vLLM 0.26's ``kernel_warmup`` calls. With ``NVFP4STACK_DEEPGEMM_WARMUP_PROCS=N``
 (N >= 1) it first starts N child processes (``python -P -m nvfp4stack.engine.deepgemm_warmup SPEC``, SPEC a
 JSON file: shapes, strides, dtypes, M values and the worker's UE8M0 choice, nothing else) that make vLLM's own
-calls, each on a contiguous run of every weight size's M values, on this rank's GPU and into the same cache
-(the ranks of one server do not split the work: each rank's children compile the same kernels); then vLLM's
-warm-up runs as before and loads every kernel from disk. A child that fails or runs past ``NVFP4STACK_DEEPGEMM_WARMUP_TIMEOUT_S``
-(default 1800) costs only the speed-up: vLLM's own warm-up compiles what is missing. Each child holds a
+calls, each on a contiguous run of every weight size's M values, on this rank's GPU and into the same cache.
+The ranks of a tensor-parallel group (the same linears) split the M values between them and wait for one
+another; then vLLM's warm-up runs as before and loads every kernel from disk. A child that fails or runs past
+``NVFP4STACK_DEEPGEMM_WARMUP_TIMEOUT_S`` (default 1800) costs only the speed-up: vLLM's own warm-up compiles what
+is missing. Each child holds a
 CUDA context and its largest case's buffers (vLLM's warm-up's: max_num_batched_tokens rows), about 0.5-1 GB
 of the GPU, while it runs.
 """
@@ -61,15 +62,19 @@ def gemm_cases(model, max_tokens: int, *, may_use: Callable, extract: Callable, 
     return list(cases.values())
 
 
-def shares(cases: list[dict], procs: int) -> list[list[dict]]:
-    """Each case's M values cut into ``procs`` contiguous runs, run i of every case to child i (empty shares
-    dropped). Neighbouring M values mostly need the same kernel (DeepGEMM's key has N, K and the tile
-    configuration, not M): contiguous runs keep each kernel's compile in one child, but at a run's edge."""
-    out: list[list[dict]] = [[] for _ in range(max(1, procs))]
+def shares(cases: list[dict], procs: int, part: int = 0, parts: int = 1) -> list[list[dict]]:
+    """Each case's M values cut into ``procs * parts`` contiguous runs; this part's ``procs`` of them, run i of
+    every case to child i (empty shares dropped). Neighbouring M values mostly need the same kernel (DeepGEMM's
+    key has N, K and the tile configuration, not M): contiguous runs keep each kernel's compile in one child, but
+    at a run's edge. ``parts``: the ranks that share the work (each rank's part a contiguous block of M)."""
+    procs, parts = max(1, procs), max(1, parts)
+    total = procs * parts
+    out: list[list[dict]] = [[] for _ in range(procs)]
     for case in cases:
         ms = case["m"]
         for i, share in enumerate(out):
-            run = ms[len(ms) * i // len(out):len(ms) * (i + 1) // len(out)]
+            j = part * procs + i
+            run = ms[len(ms) * j // total:len(ms) * (j + 1) // total]
             if run:
                 share.append({**case, "m": run})
     return [s for s in out if s]
@@ -126,14 +131,16 @@ def run_children(specs: list[dict], timeout_s: float, command: list[str] | None 
     return ok, failed
 
 
-def precompile(model, max_tokens: int, procs: int, device_index: int) -> int:
-    """Compile the kernels vLLM 0.26's warm-up will ask for in ``procs`` children; the number of calls dealt."""
+def precompile(model, max_tokens: int, procs: int, device_index: int, rank: int = 0, ranks: int = 1) -> int:
+    """Compile this rank's part (``rank`` of ``ranks``) of the kernels vLLM 0.26's warm-up will ask for in ``procs``
+    children; the number of calls dealt here."""
     from vllm.model_executor.warmup import deep_gemm_warmup as dw
 
     cases = gemm_cases(model, max_tokens, may_use=dw._fp8_linear_may_use_deep_gemm,
                        extract=dw._extract_data_from_linear_base_module, m_values=dw._get_fp8_gemm_nt_m_values,
                        done=dw.FP8_GEMM_NT_WARMUP_CACHE)
-    calls = sum(len(c["m"]) for c in cases)
+    parts = shares(cases, procs, rank, ranks)
+    calls = sum(len(c["m"]) for share in parts for c in share)
     if not calls:
         return 0
     t0 = time.perf_counter()
@@ -141,10 +148,10 @@ def precompile(model, max_tokens: int, procs: int, device_index: int) -> int:
 
     e8m0 = bool(is_deep_gemm_e8m0_used())   # this worker's own answer, not a fresh process's
     specs = [{"device": device_index, "max_tokens": max_tokens, "e8m0": e8m0, "cases": share}
-             for share in shares(cases, procs)]
+             for share in parts]
     ok, failed = run_children(specs, env_int(ENV_TIMEOUT, 1800, 1))
-    log.info("nvfp4stack: DeepGEMM warm-up: %d calls over %d weight sizes in %d processes (%d failed) in %.1f s",
-             calls, len(cases), len(specs), failed, time.perf_counter() - t0)
+    log.info("nvfp4stack: DeepGEMM warm-up: %d calls over %d weight sizes in %d processes (%d failed) in %.1f s "
+             "(rank %d of %d)", calls, len(cases), len(specs), failed, time.perf_counter() - t0, rank, ranks)
     return calls
 
 
@@ -176,6 +183,19 @@ def child_main(spec: dict, gemm: Callable | None = None, block_k: int | None = N
         torch.cuda.synchronize()
 
 
+def tp_part() -> tuple[int, int, object]:
+    """(this rank, ranks, the group to wait on or None): the ranks of one tensor-parallel group run the same
+    linears, so each compiles a part of the kernels into the shared cache; (0, 1, None) outside such a group."""
+    try:
+        from vllm.distributed import get_tp_group
+
+        group = get_tp_group()
+        rank, ranks = int(group.rank_in_group), int(group.world_size)
+    except Exception:   # no distributed state (a single process, or a test): all of the work here
+        return 0, 1, None
+    return (rank, ranks, group) if ranks > 1 else (0, 1, None)
+
+
 def install() -> bool:
     """Wrap vLLM 0.26's ``kernel_warmup.deep_gemm_warmup`` when ``NVFP4STACK_DEEPGEMM_WARMUP_PROCS`` >= 1;
     False otherwise, or where that vLLM has no such helpers (another version, no CUDA build)."""
@@ -198,14 +218,17 @@ def install() -> bool:
         return True
 
     def deep_gemm_warmup(model, max_tokens: int):
+        rank, ranks, group = tp_part()
         try:
             import torch
 
-            precompile(model, max_tokens, procs, torch.cuda.current_device())
+            precompile(model, max_tokens, procs, torch.cuda.current_device(), rank, ranks)
         except Exception as e:   # an optimization: vLLM's own warm-up compiles everything as before
             log.warning("nvfp4stack: DeepGEMM warm-up in %d processes stopped (%s: %s); vLLM's own warm-up "
                         "compiles one kernel after another; unset %s to skip this step", procs,
                         type(e).__name__, e, ENV_PROCS)
+        if group is not None:   # every rank's part is on disk before any rank's own warm-up looks for it
+            group.barrier()
         return vllms(model, max_tokens)
 
     setattr(deep_gemm_warmup, _MARK, True)

@@ -94,6 +94,18 @@ def test_pairs_start_side_by_side_measure_abba_and_stop(tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("setsid") is None, reason="needs setsid (util-linux)")
+def test_a_pairs_second_rounds_are_left_out_when_the_deadline_is_near(tmp_path):
+    r, flash, _ = _run_pairs(tmp_path, "tp2", PHASE_S="10", MEASURE_S="100000")
+    log = (flash / "pairs.log").read_text()
+    assert r.returncode == 0, r.stderr + log
+    measured = [line.split("measure ")[1] for line in log.splitlines() if "] measure " in line]
+    assert measured == ["ours-tp2 round 1", "stock-tp2 round 1"]
+    assert "skip stock-tp2 round 2: under 100000 s (MEASURE_S)" in log and "skip ours-tp2 round 2" in log
+    assert "phase tp2 done" in log and sorted(p.name for p in flash.glob("*.json")) == ["ours-tp2-r1.json",
+                                                                                        "stock-tp2-r1.json"]
+
+
+@pytest.mark.skipif(shutil.which("setsid") is None, reason="needs setsid (util-linux)")
 def test_ref_on_one_gpu_runs_the_three_servers_in_turn(tmp_path):
     """REF_GPUS="0 0 0" (a one-GPU host): each server is stopped before the next one starts, all on GPU 0,
     sharing one compile cache, and the three comparisons are printed."""

@@ -63,6 +63,19 @@ def test_shares_deal_every_call_once_in_contiguous_runs():
             assert all(c["ws"]["stride"] in ([1, 4], [1, 2]) for c in part)
 
 
+def test_the_ranks_of_a_group_split_the_calls_and_each_keeps_its_block_of_m():
+    """Two ranks, three children each: every call once over both ranks; rank 0 the low M values, rank 1 the high."""
+    cases = _cases(_model(), max_tokens=4096)
+    cases = [{**c, "m": list(range(1, 40))} for c in cases]
+    got = {rank: dw.shares(cases, 3, rank, 2) for rank in (0, 1)}
+    for case in cases:
+        runs = [c["m"] for rank in (0, 1) for part in got[rank] for c in part if c["w"] == case["w"]]
+        assert [m for run in runs for m in run] == case["m"]   # in order: rank 0's children, then rank 1's
+        mine = {rank: [m for part in got[rank] for c in part if c["w"] == case["w"] for m in c["m"]] for rank in (0, 1)}
+        assert max(mine[0]) < min(mine[1]) and abs(len(mine[0]) - len(mine[1])) <= 1
+    assert dw.shares(cases, 3, 0, 1) == dw.shares(cases, 3)   # one rank: all of it
+
+
 def test_a_child_makes_vllms_calls_on_the_weights_own_layout():
     calls = []
 
@@ -151,10 +164,43 @@ def test_install_is_opt_in_and_wraps_once(kernel_warmup, monkeypatch):
     wrapped = kw.deep_gemm_warmup
     assert wrapped is not original and dw.install() is True and kw.deep_gemm_warmup is wrapped
     ran = []
-    monkeypatch.setattr(dw, "precompile", lambda model, t, procs, dev: ran.append((model, t, procs)))
+    monkeypatch.setattr(dw, "precompile", lambda model, t, procs, dev, rank, ranks: ran.append((model, t, procs, dev)))
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
     wrapped("model", 8192)
-    assert ran == [("model", 8192, 4)] and seen == [("model", 8192)]   # ours first, then vLLM's own
+    assert ran == [("model", 8192, 4, 1)] and seen == [("model", 8192)]   # ours first, then vLLM's own
+
+
+def test_a_ranks_part_is_its_tp_groups_and_it_waits_for_the_others_before_vllms_warmup(kernel_warmup, monkeypatch):
+    kw, seen = kernel_warmup
+    monkeypatch.setenv(dw.ENV_PROCS, "2")
+    dw.install()
+    events = []
+
+    class Group:
+        rank_in_group, world_size = 1, 2
+
+        def barrier(self):
+            events.append("barrier")
+
+    import vllm.distributed as vd
+
+    monkeypatch.setattr(vd, "get_tp_group", lambda: Group())
+    monkeypatch.setattr(dw, "precompile", lambda model, t, procs, dev, rank, ranks: events.append((rank, ranks)))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    kw.deep_gemm_warmup("m", 64)
+    assert events == [(1, 2), "barrier"] and seen == [("m", 64)]
+
+    def failing(*a):
+        raise RuntimeError("no GPU memory for a child")
+
+    events.clear()
+    monkeypatch.setattr(dw, "precompile", failing)
+    kw.deep_gemm_warmup("m", 64)   # a rank whose children failed still meets the others at the barrier
+    assert events == ["barrier"] and seen == [("m", 64)] * 2
+    Group.world_size = 1
+    assert dw.tp_part() == (0, 1, None)
+    monkeypatch.setattr(vd, "get_tp_group", lambda: (_ for _ in ()).throw(AssertionError("not initialized")))
+    assert dw.tp_part() == (0, 1, None)
 
 
 def test_a_failing_precompile_is_a_warning_and_vllms_warmup_still_runs(kernel_warmup, monkeypatch, caplog):
@@ -208,6 +254,11 @@ def test_precompile_uses_vllms_own_selection(monkeypatch):
     got = []
     monkeypatch.setattr(dw, "run_children", lambda specs, timeout: (got.append((specs, timeout)), (len(specs), 0))[1])
     assert dw.precompile(_model(), 32, 4, 1) == 6
+    specs, _ = got[0]
+    # rank 1 of 2: the upper half of each case's M list [1, 2, 32], cut into 8 runs over both ranks
+    assert dw.precompile(_model(), 32, 4, 1, rank=1, ranks=2) == 4
+    assert [c["m"] for s in got[1][0] for c in s["cases"]] == [[2], [2], [32], [32]]
+    got.pop()
     specs, timeout = got[0]
     assert timeout == 1800 and len(specs) == 3 and {s["device"] for s in specs} == {1}   # 3 M values a case
     assert all(s["max_tokens"] == 32 and s["e8m0"] is True for s in specs)

@@ -87,7 +87,7 @@ pair() {   # $1 phase name, $2 EP
 }
 
 both() {   # tp2 and ep against one stock server (see "both" above)
-    local dg="DG_CACHE=/tmp/cache-dg VLLM_DEEP_GEMM_WARMUP=${VLLM_DEEP_GEMM_WARMUP:-skip}"
+    local dg="DG_CACHE=/tmp/cache-dg VLLM_DEEP_GEMM_WARMUP=${VLLM_DEEP_GEMM_WARMUP:-relax}"
     local a="$dg CUDA_VISIBLE_DEVICES=0,1 PORT=8011 MOE=triton_w4a16 TP=2 EP=false CACHE=/tmp/cache-ours TAG=ours-tp2"
     local b="$dg CUDA_VISIBLE_DEVICES=2,3 PORT=8012 MOE=marlin TP=2 EP=false CACHE=/tmp/cache-stock TAG=stock-tp2"
     local c="$dg CUDA_VISIBLE_DEVICES=0,1 PORT=8013 MOE=triton_w4a16 TP=2 EP=true CACHE=/tmp/cache-ours TAG=ours-ep"
@@ -120,7 +120,7 @@ gpus_released() {   # wait (up to 90 s) until GPUs 0,1 hold under 2 GiB each: a 
 }
 
 phase_seq() {   # see "seq" above
-    local sh="VLLM_DEEP_GEMM_WARMUP=${VLLM_DEEP_GEMM_WARMUP:-skip}"
+    local sh="VLLM_DEEP_GEMM_WARMUP=${VLLM_DEEP_GEMM_WARMUP:-relax}"
     [ "${SEQ_SHARED_CACHES:-0}" = 1 ] && sh="TL_CACHE=/tmp/cache-tl DG_CACHE=/tmp/cache-dg $sh"
     local s
     for s in "$sh CUDA_VISIBLE_DEVICES=0,1 PORT=8011 MOE=triton_w4a16 TP=2 EP=false CACHE=/tmp/cache-ours TAG=ours-tp2" \

@@ -38,7 +38,8 @@ if [ -n "${CACHE:-}" ]; then
     export TILELANG_CACHE_DIR="${TL_CACHE:-$CACHE/tilelang}" DG_JIT_CACHE_DIR="${DG_CACHE:-$CACHE/dg}" TRITON_CACHE_DIR="$CACHE/triton" \
         VLLM_CACHE_ROOT="$CACHE/vllm"
 fi
-# vLLM's default DeepGEMM warm-up (relax): with "skip" the JIT moves into serving, and the 2026-11-26
+# vLLM's default DeepGEMM warm-up (relax; its compiles spread over processes by the plugin, about 1.5 minutes at
+# TP=2 on H200s, nvfp4stack/engine/deepgemm_warmup.py): with "skip" the JIT moves into serving, and the 2026-11-26
 # four-H200 run saw decode rounds at batch 128/256 stall for minutes (104 to 9,624 tok/s in one cell).
 export DG_JIT_CACHE_DIR=${DG_JIT_CACHE_DIR:-/tmp/dg-cache} VLLM_DEEP_GEMM_WARMUP=${VLLM_DEEP_GEMM_WARMUP:-relax}
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1

@@ -1,4 +1,4 @@
-"""vLLM 0.26's DeepGEMM warm-up with its compiles spread over processes (opt-in: not yet run on a GPU).
+"""vLLM 0.26's DeepGEMM warm-up with its compiles spread over processes (on by default where vLLM warms DeepGEMM).
 
 vLLM's ``deep_gemm_warmup`` (``VLLM_DEEP_GEMM_WARMUP=relax``, its default) calls DeepGEMM's ``fp8_gemm_nt``
 at every M of its list for each weight size of the FP8 block-scaled linears, one call after another, and
@@ -8,16 +8,17 @@ serving (37 in one client run, bench/RESULTS.md). DeepGEMM compiles in C++ witho
 do not help; its cache directory (``DG_JIT_CACHE_DIR``) is safe across processes (a compile writes
 ``tmp/<pid>-...`` and renames it into place).
 
-``install()`` wraps the name vLLM 0.26's ``kernel_warmup`` calls. With ``NVFP4STACK_DEEPGEMM_WARMUP_PROCS=N``
-(N >= 1) it first starts N child processes (``python -P -m nvfp4stack.engine.deepgemm_warmup SPEC``, SPEC a
-JSON file: shapes, strides, dtypes, M values and the worker's UE8M0 choice, nothing else) that make vLLM's own
-calls, each on a contiguous run of every weight size's M values, on this rank's GPU and into the same cache.
-The ranks of a tensor-parallel group (the same linears) split the M values between them and wait for one
-another; then vLLM's warm-up runs as before and loads every kernel from disk. A child that fails or runs past
-``NVFP4STACK_DEEPGEMM_WARMUP_TIMEOUT_S`` (default 1800) costs only the speed-up: vLLM's own warm-up compiles what
-is missing. Each child holds a
-CUDA context and its largest case's buffers (vLLM's warm-up's: max_num_batched_tokens rows), about 0.5-1 GB
-of the GPU, while it runs.
+``install()`` wraps the name vLLM 0.26's ``kernel_warmup`` calls. Before vLLM's own warm-up, N child processes
+(``python -P -m nvfp4stack.engine.deepgemm_warmup SPEC``, SPEC a JSON file: shapes, strides, dtypes, M values and
+the worker's UE8M0 choice, nothing else) make vLLM's own calls, each on a contiguous run of every weight size's M
+values, on this rank's GPU and into the same cache. The ranks of a tensor-parallel group (the same linears) split
+the M values between them and wait for one another; then vLLM's warm-up runs as before and loads every kernel from
+disk. N is ``NVFP4STACK_DEEPGEMM_WARMUP_PROCS``, else this rank's share of the host's cores, at most 8; 0 leaves
+vLLM's warm-up as it is. Measured inside DeepSeek-V4-Flash TP=2 servers on H200s (bench/RESULTS.md, 2026-11-27):
+1,679 calls in 54-102 s with 8 processes per rank, against about 25 minutes one call after another. A child that
+fails or runs past ``NVFP4STACK_DEEPGEMM_WARMUP_TIMEOUT_S`` (default 1800) costs only the speed-up: vLLM's own
+warm-up compiles what is missing. Each child holds a CUDA context and its largest case's buffers (vLLM's
+warm-up's: max_num_batched_tokens rows), about 0.5-1 GB of the GPU, while it runs.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ import tempfile
 import time
 from typing import Callable
 
-from nvfp4stack.engine.env_settings import env_int
+from nvfp4stack.engine.env_settings import cores_per_rank, env_int
 
 log = logging.getLogger("vllm.nvfp4stack")  # under vLLM's logger: its handlers, in the server log
 
@@ -196,28 +197,34 @@ def tp_part() -> tuple[int, int, object]:
     return (rank, ranks, group) if ranks > 1 else (0, 1, None)
 
 
+def _not_installed(setting: int, why: str) -> None:
+    """A warning where the processes were asked for by name; a debug line where they are only the default."""
+    (log.warning if setting > 0 else log.debug)("nvfp4stack: %s: %s; vLLM's DeepGEMM warm-up left as it is",
+                                                ENV_PROCS if setting > 0 else "DeepGEMM warm-up over processes", why)
+
+
 def install() -> bool:
-    """Wrap vLLM 0.26's ``kernel_warmup.deep_gemm_warmup`` when ``NVFP4STACK_DEEPGEMM_WARMUP_PROCS`` >= 1;
-    False otherwise, or where that vLLM has no such helpers (another version, no CUDA build)."""
-    procs = env_int(ENV_PROCS, 0, 0)
-    if procs < 1:
+    """Wrap vLLM 0.26's ``kernel_warmup.deep_gemm_warmup`` unless ``NVFP4STACK_DEEPGEMM_WARMUP_PROCS=0``; False
+    then, or where that vLLM has no such helpers (another version, no CUDA build)."""
+    setting = env_int(ENV_PROCS, -1, 0)   # -1: unset (or not a number: warned), this rank's share of the cores
+    if setting == 0:
         return False
     try:
         from vllm.model_executor.warmup import deep_gemm_warmup as dw
         from vllm.model_executor.warmup import kernel_warmup
     except Exception as e:   # never let an optional warm-up stop vLLM's plugin loading
-        log.warning("nvfp4stack: %s is set, but vLLM's DeepGEMM warm-up could not be imported (%s: %s): left as "
-                    "it is", ENV_PROCS, type(e).__name__, e)
+        _not_installed(setting, f"vLLM's DeepGEMM warm-up could not be imported ({type(e).__name__}: {e})")
         return False
     vllms = getattr(kernel_warmup, "deep_gemm_warmup", None)
     needed = ("_fp8_linear_may_use_deep_gemm", "_extract_data_from_linear_base_module", "_get_fp8_gemm_nt_m_values")
     if vllms is None or not all(hasattr(dw, n) for n in needed):
-        log.warning("nvfp4stack: %s is set, but this vLLM's DeepGEMM warm-up is not 0.26's: left as it is", ENV_PROCS)
+        _not_installed(setting, "this vLLM's DeepGEMM warm-up is not 0.26's")
         return False
     if getattr(vllms, _MARK, False):
         return True
 
     def deep_gemm_warmup(model, max_tokens: int):
+        procs = setting if setting > 0 else max(1, min(8, cores_per_rank()))
         rank, ranks, group = tp_part()
         try:
             import torch
@@ -225,7 +232,7 @@ def install() -> bool:
             precompile(model, max_tokens, procs, torch.cuda.current_device(), rank, ranks)
         except Exception as e:   # an optimization: vLLM's own warm-up compiles everything as before
             log.warning("nvfp4stack: DeepGEMM warm-up in %d processes stopped (%s: %s); vLLM's own warm-up "
-                        "compiles one kernel after another; unset %s to skip this step", procs,
+                        "compiles one kernel after another; %s=0 skips this step", procs,
                         type(e).__name__, e, ENV_PROCS)
         if group is not None:   # every rank's part is on disk before any rank's own warm-up looks for it
             group.barrier()

@@ -21,3 +21,17 @@ def env_int(name: str, default: int, least: int) -> int:
         log.warning("nvfp4stack: %s=%r: expected a whole number >= %d; using %d", name, raw, least, default)
         return default
     return value
+
+
+def cores_per_rank() -> int:
+    """This process's usable cores shared among the GPUs it sees (one rank each, every rank busy at once in a
+    warm-up; at least two shares), at least 1."""
+    from nvfp4stack.convert.stream import usable_cores
+
+    try:
+        import torch
+
+        gpus = torch.cuda.device_count()
+    except Exception:
+        gpus = 0
+    return max(1, usable_cores() // max(2, gpus))

@@ -43,7 +43,7 @@ def register() -> bool:
     from nvfp4stack.families.registry import families
 
     platform = "cpu" if current_platform.is_cpu() else "cuda" if current_platform.is_cuda() else "other"
-    if platform == "cuda":   # opt-in (NVFP4STACK_DEEPGEMM_WARMUP_PROCS): DeepGEMM's warm-up over processes
+    if platform == "cuda":   # DeepGEMM's warm-up over processes (NVFP4STACK_DEEPGEMM_WARMUP_PROCS=0: off)
         try:
             from nvfp4stack.engine.deepgemm_warmup import install as install_deepgemm_warmup
 

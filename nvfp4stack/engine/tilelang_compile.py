@@ -21,7 +21,7 @@ import logging
 import time
 from typing import Callable, Iterable
 
-from nvfp4stack.engine.env_settings import env_int
+from nvfp4stack.engine.env_settings import cores_per_rank, env_int
 
 # under vLLM's logger: its handlers, in the server log (a worker's INFO is lost elsewhere)
 log = logging.getLogger("vllm.nvfp4stack")
@@ -41,16 +41,8 @@ def jit_kernels(module) -> list:
 
 def default_workers() -> int:
     """``NVFP4STACK_TILELANG_COMPILE_WORKERS``, else this process's usable cores shared among the host's GPUs
-    (one rank each, every rank warming at once with its own pool; at least two shares), 1 to 16 threads."""
-    from nvfp4stack.convert.stream import usable_cores
-
-    try:
-        import torch
-
-        gpus = torch.cuda.device_count()
-    except Exception:
-        gpus = 0
-    return env_int(ENV_WORKERS, max(1, min(16, usable_cores() // max(2, gpus))), 1)
+    (``env_settings.cores_per_rank``), 1 to 16 threads."""
+    return env_int(ENV_WORKERS, min(16, cores_per_rank()), 1)
 
 
 class _Unkeyed:

@@ -131,7 +131,7 @@ def test_ref_on_one_gpu_runs_the_three_servers_in_turn(tmp_path):
 def test_both_keeps_one_stock_server_for_tp2_and_ep(tmp_path):
     """Phase both: ours (TP=2) and stock start together; after ours and stock are measured, ours restarts
     with EP on its own GPUs while the same stock server stays up and is measured again; one DeepGEMM cache
-    for both servers, DeepGEMM's warm-up skipped, every other cache per server."""
+    for both servers, vLLM's DeepGEMM warm-up (relax), every other cache per server."""
     r, flash, device_out = _run_pairs(tmp_path, "both")
     log = (flash / "pairs.log").read_text()
     assert r.returncode == 0, r.stderr + log
@@ -145,7 +145,7 @@ def test_both_keeps_one_stock_server_for_tp2_and_ep(tmp_path):
     assert "engine.ep=false" in ours and "engine.ep=true" in ep and "| GPUs 0,1 " in ep and "| GPUs 2,3 " in stock
     assert "backend.moe=marlin" in stock and "backend.moe=triton_w4a16" in ep
     for served in (ours, ep, stock):
-        assert "| dg /tmp/cache-dg " in served and "| warmup skip" in served
+        assert "| dg /tmp/cache-dg " in served and "| warmup relax" in served
     assert "cache-stock/tilelang" in stock and "cache-ours/tilelang" in ep
     assert sorted(p.name for p in flash.glob("*.json")) == [
         "ours-ep-r1.json", "ours-tp2-r1.json", "stock-tp2-r1.json", "stock-tp2-r2.json"]

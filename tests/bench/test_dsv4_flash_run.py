@@ -52,3 +52,67 @@ def test_compare_reports_the_reference_margin_where_top1_differs(tmp_path, capsy
     last = capsys.readouterr().out.splitlines()[-1]
     assert last == ("first run's top-1 margin over the runner-up: median 0.7500 nats over 4 positions; where the "
                     "top-1 tokens differ: median 0.3125, max 0.5000 nats (2 positions)")
+
+
+def test_a_cell_whose_timed_rounds_saw_a_compile_is_marked(tmp_path):
+    """The real client against a stand-in OpenAI server that 'compiles' (writes a cache entry) while serving the
+    first request of the first timed round at batch 8 (the 9th decode request: the untimed round sends 8)."""
+    import http.server
+    import subprocess
+    import sys
+    import threading
+
+    cache = tmp_path / "dg" / "cache"
+    cache.mkdir(parents=True)
+    (cache / "kernel.old").mkdir()   # written before the client: never listed
+    seen = {"decode": 0}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if body.get("prompt_logprobs"):
+                rows = [None] + [{str(t): {"logprob": -1.0, "rank": 1}} for t in body["prompt"][1:]]
+                out = {"choices": [{"text": "x", "prompt_logprobs": rows}]}
+            else:
+                out = {"choices": [{"text": "x", "token_ids": [5], "logprobs": {"tokens": ["x"],
+                                                                                "token_logprobs": [-0.5]}}],
+                       "usage": {"completion_tokens": body["max_tokens"]}}
+                if body.get("ignore_eos"):
+                    seen["decode"] += 1
+                    if seen["decode"] == 9:
+                        (cache / "kernel.sm90_fp8_gemm_1d2d.new").mkdir()
+            data = json.dumps(out).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        out = tmp_path / "run.json"
+        r = subprocess.run([sys.executable, str(SCRIPT), "--base-url", f"http://127.0.0.1:{srv.server_port}/v1",
+                            "--model", "m", "--json", str(out), "--batches", "8", "--rounds", "3",
+                            "--decode-tokens", "3", "--prefill-tokens", "16",
+                            "--compile-dirs", f"{tmp_path}/dg/cache,{tmp_path}/missing/*/kernels"],
+                           capture_output=True, text=True, timeout=120)
+    finally:
+        srv.shutdown()
+    assert r.returncode == 0, r.stderr
+    assert "compiled while this client ran: 1 cache entries" in r.stdout
+    assert "NOT A MEASUREMENT: decode batch 8: 1 compiled inside its timed rounds (kernel.sm90_fp8_gemm_1d2d.new)" \
+        in r.stdout
+    assert "NOT A MEASUREMENT: prefill" not in r.stdout
+    res = json.loads(out.read_text())
+    assert res["compiled"]["in_timed_rounds"]["prefill"] == [] and len(res["decode"]["8"]["window"]) == 2
+
+
+def test_compiles_are_attributed_by_time_to_the_cells_windows():
+    mod = _module()
+    windows = {"prefill": (10.0, 20.0), "decode batch 1": (30.0, 40.0)}
+    hit = mod.compiles_in(windows, [(5.0, "a"), (15.0, "b"), (25.0, "c"), (40.0, "d")])
+    assert hit == {"prefill": ["b"], "decode batch 1": ["d"]}   # a and c fell between timed rounds

@@ -22,7 +22,7 @@ from pathlib import Path
 from nvfp4stack.bundle.install import FORMAT, MANIFEST, chunk_digest, sha256_file
 
 MiB = 1 << 20
-DEFAULT_CHUNK_MIB = 61
+DEFAULT_CHUNK_MIB = 56   # a chunk travels with the working tree, 64 MiB a run: room for a ~6 MiB tree
 # pip matches platform tags exactly: every glibc level up to the GPU hosts' (Ubuntu 24.04: 2.39)
 PLATFORMS = (*(f"manylinux_2_{n}_x86_64" for n in range(39, 4, -1)), "manylinux2014_x86_64",
              "manylinux2010_x86_64", "manylinux1_x86_64", "linux_x86_64")
@@ -209,3 +209,26 @@ def build(requirements: list[str], out: str | Path, *, python_version: str = "3.
           f"{len(manifest['chunks'])} chunk(s) of at most {chunk_mib:g} MiB; left out {len(left)} "
           "package(s) the target has or that are excluded", flush=True)
     return manifest
+
+
+def rechunk(src: str | Path, out: str | Path, chunk_mib: float = DEFAULT_CHUNK_MIB) -> dict:
+    """The same wheels in chunks of another size, with no download: ``src``'s chunks verified, its wheels
+    reassembled and checked against their sha256, then written into ``out`` (replaced atomically)."""
+    from nvfp4stack.bundle.install import load_manifest, reassemble, verify
+    from nvfp4stack.io_atomic import atomic_dir
+
+    src, out = Path(src), Path(out)
+    if src.resolve() == out.resolve():
+        raise RuntimeError(f"bundle: rechunk writes a new bundle; --out {out} is the source. Fix: name another "
+                           "directory, then replace the old one")
+    manifest = load_manifest(src)
+    verify(src, manifest)
+    target = Target(manifest["target"]["python_version"], tuple(manifest["target"]["platforms"]))
+    meta = {k: manifest[k] for k in ("requirements", "left_out", "packages") if k in manifest}
+    with tempfile.TemporaryDirectory(prefix="nvfp4stack-rechunk-") as tmp:
+        wheels = reassemble(src, manifest, Path(tmp))
+        with atomic_dir(out) as staging:
+            new = write_chunks(wheels, staging, int(chunk_mib * MiB), target, meta)
+    print(f"[bundle] {out}: {len(new['wheels'])} wheel(s) in {len(new['chunks'])} chunk(s) of at most "
+          f"{chunk_mib:g} MiB (was {len(manifest['chunks'])})", flush=True)
+    return new

@@ -17,8 +17,8 @@ disk. N is ``NVFP4STACK_DEEPGEMM_WARMUP_PROCS``, else this rank's share of the h
 vLLM's warm-up as it is. Measured inside the flagship recipe's TP=2 servers on H200s (bench/RESULTS.md, 2026-11-27):
 1,679 calls in 54-102 s with 8 processes per rank, against about 25 minutes one call after another. A child that
 fails or runs past ``NVFP4STACK_DEEPGEMM_WARMUP_TIMEOUT_S`` (default 1800) costs only the speed-up: vLLM's own
-warm-up compiles what is missing. Each child holds a CUDA context and its largest case's buffers (vLLM's
-warm-up's: max_num_batched_tokens rows), about 0.5-1 GB of the GPU, while it runs.
+warm-up compiles what is missing. Each child holds a CUDA context (about 0.5 GB of the GPU) and, case by case,
+buffers for its share's largest M (vLLM's own warm-up allocates max_num_batched_tokens rows), while it runs.
 """
 from __future__ import annotations
 
@@ -202,7 +202,7 @@ def child_main(spec: dict, gemm: Callable | None = None, block_k: int | None = N
         ws = torch.empty_strided(case["ws"]["shape"], case["ws"]["stride"],
                                  dtype=getattr(torch, case["ws"]["dtype"]), device=device)
         n, k = w.shape
-        rows = spec["max_tokens"]
+        rows = max(case["m"])   # this share's largest M: a child holds no more than its calls need
         a = torch.empty((rows, k), device=device, dtype=torch.float8_e4m3fn)
         a_scales = torch.empty((rows, k // block_k), device=device, dtype=torch.float32)
         out = torch.empty((rows, n), device=device, dtype=torch.bfloat16)

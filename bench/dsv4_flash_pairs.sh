@@ -64,6 +64,15 @@ measure() {   # $1 a server's settings, $2 the round; more VAR=value words go to
     env $s "$@" ROUND="-r$r" ACTION=measure bash "$S" >> "$OUT/pairs.log" 2>&1 || log "client failed: $(tag "$s")"
 }
 
+ratios() {   # $1 phase: ours against stock, round by round, per cell (dsv4_flash_run.py ratio)
+    local r
+    for r in 1 2; do
+        [ -f "$OUT/stock-$1-r$r.json" ] && [ -f "$OUT/ours-$1-r$r.json" ] || continue
+        log "ours/stock, $1, round $r"
+        python3 bench/dsv4_flash_run.py ratio "$OUT/stock-$1-r$r.json" "$OUT/ours-$1-r$r.json" >> "$OUT/pairs.log" 2>&1
+    done
+}
+
 pair() {   # $1 phase name, $2 EP
     local phase=$1 ep=$2 o who
     local a="CUDA_VISIBLE_DEVICES=0,1 PORT=8011 MOE=triton_w4a16 TP=2 EP=$ep CACHE=/tmp/cache-ours TAG=ours-$phase"
@@ -83,6 +92,7 @@ pair() {   # $1 phase name, $2 EP
     done
     nvidia-smi --query-gpu=index,memory.used --format=csv,noheader >> "$OUT/pairs.log"
     down "$a" "$b"
+    ratios "$phase"
     log "phase $phase done"
 }
 

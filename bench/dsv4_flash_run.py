@@ -16,6 +16,7 @@ measurement (a JIT compile stalled the server inside it).
 
   python bench/dsv4_flash_run.py --base-url http://127.0.0.1:8011/v1 --model dsv4_flash --json OUT.json
   python bench/dsv4_flash_run.py compare STOCK.json OURS.json
+  python bench/dsv4_flash_run.py ratio STOCK.json OURS.json    # per cell: ratio, within noise, not a measurement
 """
 from __future__ import annotations
 
@@ -126,6 +127,30 @@ def compare(a_path: str, b_path: str) -> int:
     return 0
 
 
+def ratio(base_path: str, ours_path: str) -> int:
+    """Ours against a baseline run, cell by cell: the ratio of medians, above 1 where ours is faster (decode tok/s
+    ours/base, prefill time base/ours); "within noise" where the two runs' ranges overlap; "not a measurement" where
+    either run saw a compile inside the cell's timed rounds (--compile-dirs)."""
+    base, ours = (json.load(open(x)) for x in (base_path, ours_path))
+    hits = [r.get("compiled", {}).get("in_timed_rounds", {}) for r in (base, ours)]
+    cells = [("prefill", base["prefill"], ours["prefill"], True)] if "prefill" in base and "prefill" in ours else []
+    cells += [(f"decode batch {k}", v, ours["decode"][k], False) for k, v in base.get("decode", {}).items()
+              if k in ours.get("decode", {})]
+    for name, b, o, time_cell in cells:
+        r = b["median"] / o["median"] if time_cell else o["median"] / b["median"]
+        if any(h.get(name) for h in hits):
+            verdict = "not a measurement: a compile inside its timed rounds"
+        elif b["min"] <= o["max"] and o["min"] <= b["max"]:
+            verdict = "within noise (the ranges overlap)"
+        else:
+            verdict = "ours faster" if r > 1 else "ours slower"
+        unit, scale = (" ms", 1000) if time_cell else (" tok/s", 1)
+        print(f"{name}: {r:.2f}x ({o['median'] * scale:,.1f} vs {b['median'] * scale:,.1f}{unit}, ranges "
+              f"{o['min'] * scale:,.1f}-{o['max'] * scale:,.1f} vs {b['min'] * scale:,.1f}-{b['max'] * scale:,.1f}): "
+              f"{verdict}")
+    return 0
+
+
 def decode_tok_s(base: str, model: str, batch: int, tokens: int) -> float:
     body = {"model": model, "prompt": [400 + i for i in range(32)], "max_tokens": tokens, "temperature": 0,
             "ignore_eos": True}
@@ -163,6 +188,8 @@ def main() -> int:
     global TOKEN_HI
     if sys.argv[1:2] == ["compare"]:
         return compare(*sys.argv[2:4])
+    if sys.argv[1:2] == ["ratio"]:
+        return ratio(*sys.argv[2:4])
     ap = argparse.ArgumentParser()
     ap.add_argument("--base-url", required=True)
     ap.add_argument("--model", required=True)

@@ -29,13 +29,14 @@ while True:
 
 FAKE_CLIENT = r'''
 import json, os, runpy, sys
-if sys.argv[1:2] == ["compare"]:   # the real comparison, on the stand-in runs' JSON
+if sys.argv[1:2] in (["compare"], ["ratio"]):   # the real comparison, on the stand-in runs' JSON
     runpy.run_path(os.environ["REAL_CLIENT"], run_name="__main__")
 args = sys.argv[1:]
 out = args[args.index("--json") + 1]
 print("client", args[args.index("--base-url") + 1], flush=True)
 json.dump({"greedy": [{"prompt_len": 1, "token_ids": [7, 8], "tokens": None, "logprobs": [-1.0, -2.0]}],
-           "teacher_forced": [{"prompt_len": 2, "own_logprob": [-1.5], "top1": [7]}], "decode": {}}, open(out, "w"))
+           "teacher_forced": [{"prompt_len": 2, "own_logprob": [-1.5], "top1": [7]}],
+           "decode": {"1": {"median": 100.0, "min": 99.0, "max": 101.0}}}, open(out, "w"))
 '''
 
 
@@ -74,6 +75,8 @@ def test_pairs_start_side_by_side_measure_abba_and_stop(tmp_path):
     assert measured == ["ours-tp2 round 1", "stock-tp2 round 1", "stock-tp2 round 2", "ours-tp2 round 2",
                         "ours-ep round 1", "stock-ep round 1", "stock-ep round 2", "ours-ep round 2"]
     assert "ours-tp2: ready after" in log and "stock-ep: ready after" in log and "all done" in log
+    assert "ours/stock, tp2, round 2" in log and "ours/stock, ep, round 1" in log
+    assert "decode batch 1: 1.00x (100.0 vs 100.0 tok/s, ranges 99.0-101.0 vs 99.0-101.0): within noise" in log
     assert "-> Nvfp4Stack" not in log and "Model loading took 74.06 GiB" in log
     ours = (flash / "ours-ep.serve.log").read_text()
     stock = (flash / "stock-ep.serve.log").read_text()

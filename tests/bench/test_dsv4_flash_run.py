@@ -116,3 +116,22 @@ def test_compiles_are_attributed_by_time_to_the_cells_windows():
     windows = {"prefill": (10.0, 20.0), "decode batch 1": (30.0, 40.0)}
     hit = mod.compiles_in(windows, [(5.0, "a"), (15.0, "b"), (25.0, "c"), (40.0, "d")])
     assert hit == {"prefill": ["b"], "decode batch 1": ["d"]}   # a and c fell between timed rounds
+
+
+def test_ratio_per_cell_with_noise_and_compiles(tmp_path, capsys):
+    def cell(med, lo, hi):
+        return {"median": med, "min": lo, "max": hi}
+
+    base = {"prefill": cell(0.0952, 0.0927, 0.0976),
+            "decode": {"1": cell(127.1, 126.9, 127.6), "8": cell(601.2, 600.2, 627.5), "128": cell(3079.0, 3022, 3080)}}
+    ours = {"prefill": cell(0.0806, 0.0734, 0.0809),
+            "decode": {"1": cell(140.7, 140.4, 140.8), "8": cell(610.0, 590.0, 640.0), "128": cell(5516.1, 5364, 6043)},
+            "compiled": {"in_timed_rounds": {"decode batch 128": ["kernel.x"], "prefill": []}}}
+    (tmp_path / "b.json").write_text(json.dumps(base))
+    (tmp_path / "o.json").write_text(json.dumps(ours))
+    assert _module().ratio(str(tmp_path / "b.json"), str(tmp_path / "o.json")) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("prefill: 1.18x (80.6 vs 95.2 ms") and out[0].endswith("ours faster")
+    assert out[1].startswith("decode batch 1: 1.11x (140.7 vs 127.1 tok/s") and out[1].endswith("ours faster")
+    assert out[2].endswith("within noise (the ranges overlap)")
+    assert out[3].endswith("not a measurement: a compile inside its timed rounds")

@@ -33,12 +33,12 @@ import time
 from typing import Callable
 
 from nvfp4stack.engine.env_settings import cores_per_rank, env_int
+from nvfp4stack.engine.kernel_warmup_hook import wrap_step
 
 log = logging.getLogger("vllm.nvfp4stack")  # under vLLM's logger: its handlers, in the server log
 
 ENV_PROCS = "NVFP4STACK_DEEPGEMM_WARMUP_PROCS"
 ENV_TIMEOUT = "NVFP4STACK_DEEPGEMM_WARMUP_TIMEOUT_S"
-_MARK = "__nvfp4stack_deepgemm_warmup__"
 
 
 def _tensor_spec(t) -> dict:
@@ -246,32 +246,30 @@ def install() -> bool:
     except Exception as e:   # never let an optional warm-up stop vLLM's plugin loading
         _not_installed(setting, f"vLLM's DeepGEMM warm-up could not be imported ({type(e).__name__}: {e})")
         return False
-    vllms = getattr(kernel_warmup, "deep_gemm_warmup", None)
     needed = ("_fp8_linear_may_use_deep_gemm", "_extract_data_from_linear_base_module", "_get_fp8_gemm_nt_m_values")
-    if vllms is None or not all(hasattr(dw, n) for n in needed):
+    if getattr(kernel_warmup, "deep_gemm_warmup", None) is None or not all(hasattr(dw, n) for n in needed):
         _not_installed(setting, "this vLLM's DeepGEMM warm-up is not 0.26's")
         return False
-    if getattr(vllms, _MARK, False):
-        return True
 
-    def deep_gemm_warmup(model, max_tokens: int):
-        procs = setting if setting > 0 else max(1, min(8, cores_per_rank()))
-        rank, ranks, group = tp_part()
-        try:
-            import torch
+    def make(vllms):
+        def deep_gemm_warmup(model, max_tokens: int):
+            procs = setting if setting > 0 else max(1, min(8, cores_per_rank()))
+            rank, ranks, group = tp_part()
+            try:
+                import torch
 
-            precompile(model, max_tokens, procs, torch.cuda.current_device(), rank, ranks)
-        except Exception as e:   # an optimization: vLLM's own warm-up compiles everything as before
-            log.warning("nvfp4stack: DeepGEMM warm-up in %d processes stopped (%s: %s); vLLM's own warm-up "
-                        "compiles one kernel after another; %s=0 skips this step", procs,
-                        type(e).__name__, e, ENV_PROCS)
-        if group is not None:   # every rank's part is on disk before any rank's own warm-up looks for it
-            group.barrier()
-        return vllms(model, max_tokens)
+                precompile(model, max_tokens, procs, torch.cuda.current_device(), rank, ranks)
+            except Exception as e:   # an optimization: vLLM's own warm-up compiles everything as before
+                log.warning("nvfp4stack: DeepGEMM warm-up in %d processes stopped (%s: %s); vLLM's own warm-up "
+                            "compiles one kernel after another; %s=0 skips this step", procs,
+                            type(e).__name__, e, ENV_PROCS)
+            if group is not None:   # every rank's part is on disk before any rank's own warm-up looks for it
+                group.barrier()
+            return vllms(model, max_tokens)
 
-    setattr(deep_gemm_warmup, _MARK, True)
-    kernel_warmup.deep_gemm_warmup = deep_gemm_warmup
-    return True
+        return deep_gemm_warmup
+
+    return wrap_step("deep_gemm_warmup", make)
 
 
 if __name__ == "__main__":

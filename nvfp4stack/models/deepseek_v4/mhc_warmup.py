@@ -23,11 +23,12 @@ import logging
 import os
 import time
 
+from nvfp4stack.engine.kernel_warmup_hook import wrap_step
+
 # under vLLM's logger: its handlers, in the server log (a worker's INFO is lost elsewhere)
 log = logging.getLogger("vllm.nvfp4stack")
 
 ENV = "NVFP4STACK_MHC_WARMUP"
-_MARK = "__nvfp4stack_mhc_warmup__"
 
 
 def token_counts(max_tokens: int, sms: int | None = None) -> list[int]:
@@ -136,31 +137,19 @@ def install() -> bool:
     (another vLLM, no CUDA build) or ``NVFP4STACK_MHC_WARMUP=0``."""
     if os.environ.get(ENV, "1") == "0":
         return False
-    try:
-        from vllm.model_executor.warmup import kernel_warmup
-    except ImportError as e:
-        log.debug("nvfp4stack: no vLLM kernel_warmup to extend (%s)", e)
-        return False
-    except Exception as e:   # never let an optional warm-up stop vLLM's plugin loading
-        log.warning("nvfp4stack: DeepSeek-V4 mHC warm-up not installed (%s: %s)", type(e).__name__, e)
-        return False
-    vllms = getattr(kernel_warmup, "deepseek_v4_mhc_warmup", None)
-    if vllms is None:
-        return False
-    if getattr(vllms, _MARK, False):
-        return True
 
-    def deepseek_v4_mhc_warmup(model, *, max_tokens: int, cudagraph_capture_sizes=None):
-        vllms(model, max_tokens=max_tokens, cudagraph_capture_sizes=cudagraph_capture_sizes)
-        layer = first_mhc_layer(model)
-        if layer is None or layer.hc_attn_fn.device.type != "cuda":
-            return
-        try:
-            warm_every_split(model, max_tokens)
-        except Exception as e:   # a warm-up is an optimization: vLLM compiles at first use as before
-            log.warning("nvfp4stack: DeepSeek-V4 mHC warm-up stopped (%s: %s); kernels of new token counts "
-                        "compile at first use; %s=0 turns the warm-up off", type(e).__name__, e, ENV)
+    def make(vllms):
+        def deepseek_v4_mhc_warmup(model, *, max_tokens: int, cudagraph_capture_sizes=None):
+            vllms(model, max_tokens=max_tokens, cudagraph_capture_sizes=cudagraph_capture_sizes)
+            layer = first_mhc_layer(model)
+            if layer is None or layer.hc_attn_fn.device.type != "cuda":
+                return
+            try:
+                warm_every_split(model, max_tokens)
+            except Exception as e:   # a warm-up is an optimization: vLLM compiles at first use as before
+                log.warning("nvfp4stack: DeepSeek-V4 mHC warm-up stopped (%s: %s); kernels of new token counts "
+                            "compile at first use; %s=0 turns the warm-up off", type(e).__name__, e, ENV)
 
-    setattr(deepseek_v4_mhc_warmup, _MARK, True)
-    kernel_warmup.deepseek_v4_mhc_warmup = deepseek_v4_mhc_warmup
-    return True
+        return deepseek_v4_mhc_warmup
+
+    return wrap_step("deepseek_v4_mhc_warmup", make)

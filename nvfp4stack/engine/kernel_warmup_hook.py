@@ -1,7 +1,7 @@
 """One way to extend a step of vLLM's kernel warm-up from the plugin, in every process that loads it.
 
 vLLM 0.26's ``kernel_warmup()`` (``vllm/model_executor/warmup/kernel_warmup.py``) calls its steps through that
-module's globals (``deep_gemm_warmup``, ``deepseek_v4_mhc_warmup``, ...), so a plugin that replaces the name there
+module's globals (``deep_gemm_warmup`` and the model-specific ones), so a plugin that replaces the name there
 changes what every worker runs, without touching vLLM's source. ``wrap_step`` does that once per process.
 """
 from __future__ import annotations

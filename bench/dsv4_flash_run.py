@@ -26,6 +26,7 @@ import json
 import os
 import random
 import statistics
+import subprocess
 import sys
 import time
 import urllib.request
@@ -161,6 +162,19 @@ def decode_tok_s(base: str, model: str, batch: int, tokens: int) -> float:
     return sum(d["usage"]["completion_tokens"] for d in done) / wall
 
 
+def host_state() -> dict:
+    """What else the host was doing as a cell ended: the 1-minute load average and, where nvidia-smi answers, each
+    GPU's SM clock, power and utilization (to explain a cell that moved between runs)."""
+    state: dict = {"load1": os.getloadavg()[0]}
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index,clocks.sm,power.draw,utilization.gpu",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10).stdout
+        state["gpus"] = [line.split(", ") for line in out.strip().splitlines()]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return state
+
+
 def cache_entries(patterns: list[str], since: float, until: float) -> list[tuple[float, str]]:
     """(mtime, path) of every entry of the given cache directories (globs) written in [since, until], by time."""
     found = []
@@ -211,7 +225,7 @@ def main() -> int:
         t0 = time.time()
         r = [prefill_s(a.base_url, a.model, a.prefill_tokens, seed=i) for i in range(a.rounds)]
         windows["prefill"] = (t0, time.time())
-        res["prefill"] = {"tokens": a.prefill_tokens, **_stats(r), "window": windows["prefill"]}
+        res["prefill"] = {"tokens": a.prefill_tokens, **_stats(r), "window": windows["prefill"], "host": host_state()}
         print(f"prefill {a.prefill_tokens} tokens: median {1000 * statistics.median(r):.1f} ms "
               f"(min {1000 * min(r):.1f}, max {1000 * max(r):.1f})", flush=True)
     for b in (int(x) for x in a.batches.split(",")):
@@ -219,7 +233,7 @@ def main() -> int:
         t0 = time.time()
         r = [decode_tok_s(a.base_url, a.model, b, a.decode_tokens) for _ in range(a.rounds)]
         windows[f"decode batch {b}"] = (t0, time.time())
-        res["decode"][b] = {**_stats(r), "window": windows[f"decode batch {b}"]}
+        res["decode"][b] = {**_stats(r), "window": windows[f"decode batch {b}"], "host": host_state()}
         print(f"decode batch {b}: median {statistics.median(r):.1f} tok/s (min {min(r):.1f}, max {max(r):.1f})",
               flush=True)
     if a.compile_dirs:

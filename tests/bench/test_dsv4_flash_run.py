@@ -109,6 +109,7 @@ def test_a_cell_whose_timed_rounds_saw_a_compile_is_marked(tmp_path):
     assert "NOT A MEASUREMENT: prefill" not in r.stdout
     res = json.loads(out.read_text())
     assert res["compiled"]["in_timed_rounds"]["prefill"] == [] and len(res["decode"]["8"]["window"]) == 2
+    assert res["decode"]["8"]["host"]["load1"] >= 0 and "host" in res["prefill"]   # nvidia-smi: only where it is
 
 
 def test_compiles_are_attributed_by_time_to_the_cells_windows():

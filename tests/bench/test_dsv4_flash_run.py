@@ -66,7 +66,7 @@ def test_a_cell_whose_timed_rounds_saw_a_compile_is_marked(tmp_path):
     cache = tmp_path / "dg" / "cache"
     cache.mkdir(parents=True)
     (cache / "kernel.old").mkdir()   # written before the client: never listed
-    seen = {"decode": 0}
+    seen, lock = {"decode": 0}, threading.Lock()
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def log_message(self, *a):
@@ -82,9 +82,11 @@ def test_a_cell_whose_timed_rounds_saw_a_compile_is_marked(tmp_path):
                                                                                 "token_logprobs": [-0.5]}}],
                        "usage": {"completion_tokens": body["max_tokens"]}}
                 if body.get("ignore_eos"):
-                    seen["decode"] += 1
+                    with lock:
+                        seen["decode"] += 1
+                        n = seen["decode"]
                     time.sleep(0.05)   # a round lasts well past the file system's coarse timestamps
-                    if seen["decode"] == 12:
+                    if n == 12:
                         (cache / "kernel.sm90_fp8_gemm_1d2d.new").mkdir()
             data = json.dumps(out).encode()
             self.send_response(200)

@@ -75,6 +75,7 @@ ratios() {   # $1 phase: ours against stock, round by round, per cell (dsv4_flas
 
 pair() {   # $1 phase name, $2 EP
     local phase=$1 ep=$2 o who
+    rm -f "$OUT/ours-$phase"-r*.json "$OUT/stock-$phase"-r*.json   # ratios compares this phase's runs only
     local a="CUDA_VISIBLE_DEVICES=0,1 PORT=8011 MOE=triton_w4a16 TP=2 EP=$ep CACHE=/tmp/cache-ours TAG=ours-$phase"
     local b="CUDA_VISIBLE_DEVICES=2,3 PORT=8012 MOE=marlin TP=2 EP=$ep CACHE=/tmp/cache-stock TAG=stock-$phase"
     up "$a" "$b"

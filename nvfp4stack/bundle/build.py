@@ -218,9 +218,11 @@ def rechunk(src: str | Path, out: str | Path, chunk_mib: float = DEFAULT_CHUNK_M
     from nvfp4stack.io_atomic import atomic_dir
 
     src, out = Path(src), Path(out)
-    if src.resolve() == out.resolve():
-        raise RuntimeError(f"bundle: rechunk writes a new bundle; --out {out} is the source. Fix: name another "
-                           "directory, then replace the old one")
+    s, o = src.resolve(), out.resolve()
+    if s == o or s.is_relative_to(o) or o.is_relative_to(s):
+        raise RuntimeError(f"bundle: rechunk writes a new bundle; --out {out} is the source, inside it or holds it "
+                           f"({src}), and replacing it would lose the source. Fix: name a directory beside it, then "
+                           "replace the old one")
     manifest = load_manifest(src)
     verify(src, manifest)
     target = Target(manifest["target"]["python_version"], tuple(manifest["target"]["platforms"]))

@@ -16,7 +16,7 @@ the M values between them and wait for one another; then vLLM's warm-up runs as 
 disk. N is ``NVFP4STACK_DEEPGEMM_WARMUP_PROCS``, else this rank's share of the host's cores, at most 8; 0 leaves
 vLLM's warm-up as it is. Measured inside the flagship recipe's TP=2 servers on H200s (bench/RESULTS.md, 2026-11-27):
 1,679 calls in 54-102 s with 8 processes per rank, against about 25 minutes one call after another. A child that
-fails or runs past ``NVFP4STACK_DEEPGEMM_WARMUP_TIMEOUT_S`` (default 1800) costs only the speed-up: vLLM's own
+fails or runs past ``NVFP4STACK_DEEPGEMM_WARMUP_TIMEOUT_S`` (default and most 1500) costs only the speed-up: vLLM's own
 warm-up compiles what is missing. Each child holds a CUDA context (about 0.5 GB of the GPU) and, case by case,
 buffers for its share's largest M (vLLM's own warm-up allocates max_num_batched_tokens rows), while it runs.
 """
@@ -63,19 +63,23 @@ def gemm_cases(model, max_tokens: int, *, may_use: Callable, extract: Callable, 
     return list(cases.values())
 
 
+STRIPES = 8   # stripes of each case's M list per rank: every rank gets low and high M alike
+
+
 def shares(cases: list[dict], procs: int, part: int = 0, parts: int = 1) -> list[list[dict]]:
-    """Each case's M values cut into ``procs * parts`` contiguous runs; this part's ``procs`` of them, run i of
-    every case to child i (empty shares dropped). Neighbouring M values mostly need the same kernel (DeepGEMM's
-    key has N, K and the tile configuration, not M): contiguous runs keep each kernel's compile in one child, but
-    at a run's edge. ``parts``: the ranks that share the work (each rank's part a contiguous block of M)."""
+    """This part's work: each case's M values cut into ``STRIPES * parts`` contiguous stripes, stripe k to part
+    ``k % parts`` (low M values reach more tile configurations than high ones: striping keeps the ranks' parts
+    alike, and a part never depends on how many children another rank runs), then the part's M values cut into
+    ``procs`` contiguous runs, run i of every case to child i (empty shares dropped). Neighbouring M values mostly
+    need the same kernel (DeepGEMM's key has N, K and the tile configuration, not M): contiguous runs keep each
+    kernel's compile in one child, but at a run's edge."""
     procs, parts = max(1, procs), max(1, parts)
-    total = procs * parts
     out: list[list[dict]] = [[] for _ in range(procs)]
     for case in cases:
-        ms = case["m"]
+        ms, total = case["m"], STRIPES * parts
+        mine = [m for k in range(part, total, parts) for m in ms[len(ms) * k // total:len(ms) * (k + 1) // total]]
         for i, share in enumerate(out):
-            j = part * procs + i
-            run = ms[len(ms) * j // total:len(ms) * (j + 1) // total]
+            run = mine[len(mine) * i // procs:len(mine) * (i + 1) // procs]
             if run:
                 share.append({**case, "m": run})
     return [s for s in out if s]
@@ -92,10 +96,10 @@ def add_child_work(entry: str, items: Callable) -> None:
 
 
 def deal(items: list, procs: int, part: int = 0, parts: int = 1) -> list[list]:
-    """``items`` dealt in turn to ``procs * parts`` children; this part's ``procs`` lists (some may be empty)."""
-    procs, parts = max(1, procs), max(1, parts)
-    total = procs * parts
-    return [items[part * procs + i::total] for i in range(procs)]
+    """``items`` dealt in turn to the ``parts`` ranks, then each rank's in turn to its ``procs`` children; this part's
+    ``procs`` lists (some may be empty). A rank's items never depend on another rank's number of children."""
+    mine = items[part::max(1, parts)]
+    return [mine[i::max(1, procs)] for i in range(max(1, procs))]
 
 
 def _stop(p: subprocess.Popen) -> None:
@@ -149,6 +153,19 @@ def run_children(specs: list[dict], timeout_s: float, command: list[str] | None 
     return ok, failed
 
 
+BARRIER_S = 1800   # vLLM 0.26's CPU group: PyTorch's default gloo timeout, which the ranks' wait must stay under
+
+
+def child_timeout() -> int:
+    """``NVFP4STACK_DEEPGEMM_WARMUP_TIMEOUT_S`` (default 1500), at most 1500 s: the ranks of a group wait for one
+    another afterwards on a group whose timeout is 1800 s, and a rank done early must not time out there."""
+    want = env_int(ENV_TIMEOUT, 1500, 1)
+    if want > BARRIER_S - 300:
+        log.warning("nvfp4stack: %s=%d: the ranks then wait for one another on a group with a %d s timeout; "
+                    "using %d s", ENV_TIMEOUT, want, BARRIER_S, BARRIER_S - 300)
+    return min(want, BARRIER_S - 300)
+
+
 def precompile(model, max_tokens: int, procs: int, device_index: int, rank: int = 0, ranks: int = 1) -> int:
     """Compile this rank's part (``rank`` of ``ranks``) of the kernels vLLM 0.26's warm-up will ask for in ``procs``
     children; the number of calls dealt here."""
@@ -174,7 +191,7 @@ def precompile(model, max_tokens: int, procs: int, device_index: int, rank: int 
         if share or mine:
             specs.append({"device": device_index, "max_tokens": max_tokens, "e8m0": e8m0, "cases": share,
                           "work": mine})
-    ok, failed = run_children(specs, env_int(ENV_TIMEOUT, 1800, 1))
+    ok, failed = run_children(specs, child_timeout())
     log.info("nvfp4stack: DeepGEMM warm-up: %d calls over %d weight sizes and %d more kernels' calls in %d "
              "processes (%d failed) in %.1f s (rank %d of %d)", calls, len(cases), extra, len(specs), failed,
              time.perf_counter() - t0, rank, ranks)
@@ -217,15 +234,18 @@ def child_main(spec: dict, gemm: Callable | None = None, block_k: int | None = N
 
 def tp_part() -> tuple[int, int, object]:
     """(this rank, ranks, the group to wait on or None): the ranks of one tensor-parallel group run the same
-    linears, so each compiles a part of the kernels into the shared cache; (0, 1, None) outside such a group."""
+    linears, so each compiles a part of the kernels into the shared cache; (0, 1, None) outside such a group, and
+    where the ranks span hosts (DeepGEMM's cache is a host's own: each rank then compiles all of it)."""
     try:
         from vllm.distributed import get_tp_group
+        from vllm.distributed.parallel_state import get_node_count
 
         group = get_tp_group()
         rank, ranks = int(group.rank_in_group), int(group.world_size)
+        hosts = int(get_node_count())
     except Exception:   # no distributed state (a single process, or a test): all of the work here
         return 0, 1, None
-    return (rank, ranks, group) if ranks > 1 else (0, 1, None)
+    return (rank, ranks, group) if ranks > 1 and hosts == 1 else (0, 1, None)
 
 
 def _not_installed(setting: int, why: str) -> None:

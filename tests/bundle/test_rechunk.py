@@ -61,7 +61,9 @@ def test_a_corrupt_source_chunk_is_named_and_nothing_written(bundle, tmp_path):
     assert not out.exists()
 
 
-def test_the_source_is_not_its_own_output(bundle):
+def test_the_source_is_not_its_own_output_nor_inside_it_nor_under_it(bundle):
     src, _, _ = bundle
-    with pytest.raises(RuntimeError, match="is the source"):
-        rechunk(src, src, 0.06)
+    for out in (src, src / "new", src.parent):
+        with pytest.raises(RuntimeError, match="would lose the source"):
+            rechunk(src, out, 0.06)
+    assert load_manifest(src)   # untouched

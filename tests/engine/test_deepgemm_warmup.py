@@ -63,16 +63,28 @@ def test_shares_deal_every_call_once_in_contiguous_runs():
             assert all(c["ws"]["stride"] in ([1, 4], [1, 2]) for c in part)
 
 
-def test_the_ranks_of_a_group_split_the_calls_and_each_keeps_its_block_of_m():
-    """Two ranks, three children each: every call once over both ranks; rank 0 the low M values, rank 1 the high."""
+def test_the_ranks_of_a_group_split_the_calls_in_stripes_whatever_their_children():
+    """Two ranks: every call once over both; each rank gets low and high M values alike (stripes), and a rank's part
+    does not depend on how many children it or the other rank runs."""
     cases = _cases(_model(), max_tokens=4096)
-    cases = [{**c, "m": list(range(1, 40))} for c in cases]
-    got = {rank: dw.shares(cases, 3, rank, 2) for rank in (0, 1)}
-    for case in cases:
-        runs = [c["m"] for rank in (0, 1) for part in got[rank] for c in part if c["w"] == case["w"]]
-        assert [m for run in runs for m in run] == case["m"]   # in order: rank 0's children, then rank 1's
-        mine = {rank: [m for part in got[rank] for c in part if c["w"] == case["w"] for m in c["m"]] for rank in (0, 1)}
-        assert max(mine[0]) < min(mine[1]) and abs(len(mine[0]) - len(mine[1])) <= 1
+    cases = [{**c, "m": list(range(1, 161))} for c in cases]
+
+    def calls(rank, procs):
+        return {case["w"]["shape"][0]: [m for part in dw.shares(cases, procs, rank, 2) for c in part
+                                        if c["w"] == case["w"] for m in c["m"]] for case in cases}
+
+    for procs0, procs1 in ((3, 3), (8, 4), (1, 5)):
+        r0, r1 = calls(0, procs0), calls(1, procs1)
+        for n in r0:
+            assert sorted(r0[n] + r1[n]) == list(range(1, 161))   # every M once over both ranks
+            assert abs(len(r0[n]) - len(r1[n])) <= 10 and min(r0[n]) < 20 and min(r1[n]) < 40
+            assert max(r0[n]) > 120 and max(r1[n]) > 140   # both ranks reach the high M values
+    for procs in (3, 8):   # a child's run is contiguous within its rank's part
+        for part in dw.shares(cases, procs, 1, 2):
+            for c in part:
+                mine = calls(1, procs)[c["w"]["shape"][0]]
+                i = mine.index(c["m"][0])
+                assert mine[i:i + len(c["m"])] == c["m"]
     assert dw.shares(cases, 3, 0, 1) == dw.shares(cases, 3)   # one rank: all of it
 
 
@@ -93,9 +105,10 @@ def test_a_child_makes_vllms_calls_on_the_weights_own_layout():
 
 def test_deal_gives_every_item_once_over_all_ranks_children():
     items = list(range(32, 1025, 32))
-    dealt = [dw.deal(items, 3, rank, 2) for rank in (0, 1)]
-    assert all(len(d) == 3 for d in dealt)
-    assert sorted(x for d in dealt for lst in d for x in lst) == items
+    for procs0, procs1 in ((3, 3), (8, 4)):   # ranks may run different numbers of children
+        dealt = [dw.deal(items, procs0, 0, 2), dw.deal(items, procs1, 1, 2)]
+        assert [len(d) for d in dealt] == [procs0, procs1]
+        assert sorted(x for d in dealt for lst in d for x in lst) == items
     assert dw.deal([32], 4) == [[32], [], [], []]
 
 
@@ -209,8 +222,10 @@ def test_a_ranks_part_is_its_tp_groups_and_it_waits_for_the_others_before_vllms_
             events.append("barrier")
 
     import vllm.distributed as vd
+    import vllm.distributed.parallel_state as ps
 
     monkeypatch.setattr(vd, "get_tp_group", lambda: Group())
+    monkeypatch.setattr(ps, "get_node_count", lambda: 1)
     monkeypatch.setattr(dw, "precompile", lambda model, t, procs, dev, rank, ranks: events.append((rank, ranks)))
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     kw.deep_gemm_warmup("m", 64)
@@ -223,6 +238,9 @@ def test_a_ranks_part_is_its_tp_groups_and_it_waits_for_the_others_before_vllms_
     monkeypatch.setattr(dw, "precompile", failing)
     kw.deep_gemm_warmup("m", 64)   # a rank whose children failed still meets the others at the barrier
     assert events == ["barrier"] and seen == [("m", 64)] * 2
+    monkeypatch.setattr(ps, "get_node_count", lambda: 2)   # ranks on two hosts: each compiles all, no wait
+    assert dw.tp_part() == (0, 1, None)
+    monkeypatch.setattr(ps, "get_node_count", lambda: 1)
     Group.world_size = 1
     assert dw.tp_part() == (0, 1, None)
     monkeypatch.setattr(vd, "get_tp_group", lambda: (_ for _ in ()).throw(AssertionError("not initialized")))
@@ -295,12 +313,12 @@ def test_precompile_uses_vllms_own_selection(monkeypatch):
     monkeypatch.setattr(dw, "run_children", lambda specs, timeout: (got.append((specs, timeout)), (len(specs), 0))[1])
     assert dw.precompile(_model(), 32, 4, 1) == 6
     specs, _ = got[0]
-    # rank 1 of 2: the upper half of each case's M list [1, 2, 32], cut into 8 runs over both ranks
+    # rank 1 of 2: its stripes of each case's M list [1, 2, 32] (16 stripes over both ranks: rank 1 the odd ones)
     assert dw.precompile(_model(), 32, 4, 1, rank=1, ranks=2) == 4
-    assert [c["m"] for s in got[1][0] for c in s["cases"]] == [[2], [2], [32], [32]]
+    assert [c["m"] for s in got[1][0] for c in s["cases"]] == [[1], [1], [32], [32]]
     got.pop()
     specs, timeout = got[0]
-    assert timeout == 1800 and len(specs) == 3 and {s["device"] for s in specs} == {1}   # 3 M values a case
+    assert timeout == 1500 and len(specs) == 3 and {s["device"] for s in specs} == {1}   # 3 M values a case
     assert all(s["max_tokens"] == 32 and s["e8m0"] is True for s in specs)
     assert dw.precompile(SimpleNamespace(modules=lambda: []), 32, 4, 0) == 0 and len(got) == 1
     # registered child work (a family's kernels): its items are dealt too, to children with or without GEMM calls
@@ -310,3 +328,14 @@ def test_precompile_uses_vllms_own_selection(monkeypatch):
     assert len(specs) == 4 and sorted(i["batch"] for s in specs for i in s["work"]["pkg.mod:fn"]) == list(
         range(32, 257, 32))
     assert sum(bool(s["cases"]) for s in specs) == 3
+
+
+def test_the_child_timeout_stays_under_the_ranks_barrier(monkeypatch, caplog):
+    monkeypatch.delenv(dw.ENV_TIMEOUT, raising=False)
+    assert dw.child_timeout() == 1500
+    monkeypatch.setenv(dw.ENV_TIMEOUT, "600")
+    assert dw.child_timeout() == 600
+    monkeypatch.setenv(dw.ENV_TIMEOUT, "3600")
+    with caplog.at_level(logging.WARNING, logger="vllm.nvfp4stack"):
+        assert dw.child_timeout() == 1500
+    assert dw.ENV_TIMEOUT + "=3600" in caplog.text and "1800 s timeout" in caplog.text

@@ -339,3 +339,53 @@ def test_the_child_timeout_stays_under_the_ranks_barrier(monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger="vllm.nvfp4stack"):
         assert dw.child_timeout() == 1500
     assert dw.ENV_TIMEOUT + "=3600" in caplog.text and "1800 s timeout" in caplog.text
+
+
+def _kernel_dirs(cache) -> set[str]:
+    d = cache / "cache"
+    return {p.name for p in d.iterdir()} if d.is_dir() else set()
+
+
+VLLM_GEMM_CALLS = r"""
+import sys, torch
+from vllm.utils.deep_gemm import fp8_gemm_nt, get_mk_alignment_for_contiguous_layout
+n, k = 4096, 7168
+w = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn)
+ws = torch.rand(n // 128, k // 128, device="cuda") + 0.5
+block_k = get_mk_alignment_for_contiguous_layout()[0]
+for m in map(int, sys.argv[1:]):
+    a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
+    out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    fp8_gemm_nt((a, torch.rand(m, k // block_k, device="cuda") + 0.5), (w, ws), out, is_deep_gemm_e8m0_used=False)
+    assert torch.isfinite(out.float()).all()
+torch.cuda.synchronize()
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: DeepGEMM's JIT kernels")
+def test_on_a_gpu_a_childs_kernels_are_the_ones_vllms_own_call_then_loads(tmp_path, monkeypatch):
+    """vLLM 0.26's DeepGEMM on a cold cache: one child compiles an FP8 linear's kernels at a few M values; vLLM's
+    ``fp8_gemm_nt`` in a fresh process (DeepGEMM reads its cache directory once a process), at the same M values,
+    then compiles nothing new (the indexer test's positive control shows such a check sees a compile)."""
+    import subprocess
+
+    vllm = pytest.importorskip("vllm")
+    if not vllm.__version__.startswith("0.26"):
+        pytest.skip(f"vLLM {vllm.__version__}: the warm-up extends vLLM 0.26's only")
+    from vllm.utils.deep_gemm import is_deep_gemm_supported
+
+    if not is_deep_gemm_supported():
+        pytest.skip("DeepGEMM is not supported on this GPU or build")
+    monkeypatch.setenv("DG_JIT_CACHE_DIR", str(tmp_path))
+    n, k, ms = 4096, 7168, [1, 8, 64, 256, 1024]
+    case = {"w": {"shape": [n, k], "stride": [k, 1], "dtype": "float8_e4m3fn"},
+            "ws": {"shape": [n // 128, k // 128], "stride": [k // 128, 1], "dtype": "float32"}, "m": ms}
+    spec = {"device": torch.cuda.current_device(), "max_tokens": max(ms), "e8m0": False, "cases": [case]}
+    assert dw.run_children([spec], 600) == (1, 0)
+    compiled = _kernel_dirs(tmp_path)
+    assert compiled and all("fp8_gemm" in name for name in compiled)
+    r = subprocess.run([sys.executable, "-c", VLLM_GEMM_CALLS, *map(str, ms)], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert _kernel_dirs(tmp_path) == compiled   # every kernel vLLM's call needed was the child's

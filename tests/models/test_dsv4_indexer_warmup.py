@@ -1,6 +1,7 @@
 """nvfp4stack/models/deepseek_v4/indexer_warmup.py: the indexer's DeepGEMM metadata kernel at every decode batch
 rounded to 32, compiled by the DeepGEMM warm-up's children. DeepGEMM runs only on a CUDA host: stand-ins here check
 the batch sizes, the calls a child makes, and that the family registers the work on CUDA only."""
+import pytest
 import torch
 
 from nvfp4stack.engine import deepgemm_warmup as dw
@@ -52,3 +53,54 @@ def test_the_family_adds_it_to_the_deepgemm_warmup_on_cuda_only(monkeypatch):
     assert dw._CHILD_WORK == {iw.ENTRY: iw.batches}
     module, _, name = iw.ENTRY.partition(":")   # the entry a child imports names this function
     assert getattr(__import__(module, fromlist=[name]), name) is iw.run
+
+
+INDEXER_CALLS = r"""
+import sys, torch
+from vllm.utils.deep_gemm import get_paged_mqa_logits_metadata
+from vllm.utils.platform_utils import num_compute_units
+sms = int(num_compute_units(torch.cuda.current_device()))
+for batch in map(int, sys.argv[1:]):   # what the indexer's decode steps send: (batch, 1) context lengths, block 64
+    get_paged_mqa_logits_metadata(torch.randint(1, 4096, (batch, 1), dtype=torch.int32, device="cuda"), 64, sms)
+torch.cuda.synchronize()
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: DeepGEMM's JIT kernels")
+def test_on_a_gpu_the_childs_metadata_kernels_are_the_ones_the_indexer_asks_for(tmp_path, monkeypatch):
+    """vLLM 0.26's DeepGEMM on a cold cache: a warm-up child compiles the metadata kernel at batches 32..128; the
+    indexer's own call in a fresh process (vLLM's ``get_paged_mqa_logits_metadata`` with its SM count) at batches
+    1, 50 and 100 then compiles nothing new, and at 129 (a new multiple of 32) it compiles one."""
+    import subprocess
+    import sys
+
+    vllm = pytest.importorskip("vllm")
+    if not vllm.__version__.startswith("0.26"):
+        pytest.skip(f"vLLM {vllm.__version__}: the warm-up extends vLLM 0.26's only")
+    from vllm.utils.deep_gemm import is_deep_gemm_supported
+    from vllm.utils.platform_utils import num_compute_units
+
+    if not is_deep_gemm_supported():
+        pytest.skip("DeepGEMM is not supported on this GPU or build")
+    monkeypatch.setenv("DG_JIT_CACHE_DIR", str(tmp_path))
+    sms = int(num_compute_units(torch.cuda.current_device()))
+    spec = {"device": torch.cuda.current_device(), "max_tokens": 128, "e8m0": False, "cases": [],
+            "work": {iw.ENTRY: [{"batch": b, "num_sms": sms} for b in (32, 64, 96, 128)]}}
+    assert dw.run_children([spec], 600) == (1, 0)
+
+    def kernels():
+        d = tmp_path / "cache"
+        return {p.name for p in d.iterdir()} if d.is_dir() else set()
+
+    def indexer(*batches):
+        r = subprocess.run([sys.executable, "-c", INDEXER_CALLS, *map(str, batches)], capture_output=True, text=True,
+                           timeout=600)
+        assert r.returncode == 0, r.stderr[-2000:]
+
+    warmed = kernels()
+    assert len([k for k in warmed if "paged_mqa_logits_metadata" in k]) == 4
+    indexer(1, 50, 100)
+    assert kernels() == warmed
+    indexer(129)
+    assert len(kernels() - warmed) == 1   # the check can see a compile

@@ -218,22 +218,25 @@ def main() -> int:
     a = ap.parse_args()
     TOKEN_HI = a.token_hi
     start, windows = time.time(), {}
+
+    def timed(cell: str, one_round) -> tuple[list[float], dict]:
+        """The timed rounds of a cell: their values, and its stats with their window and the host's state."""
+        t0 = time.time()
+        r = [one_round(i) for i in range(a.rounds)]
+        windows[cell] = (t0, time.time())
+        return r, {**_stats(r), "window": windows[cell], "host": host_state()}
+
     res = {"greedy": greedy(a.base_url, a.model, a.greedy_tokens),
            "teacher_forced": teacher_forced(a.base_url, a.model), "decode": {}}
     if a.prefill_tokens:
         prefill_s(a.base_url, a.model, a.prefill_tokens, seed=-1)   # untimed: compiles at this size
-        t0 = time.time()
-        r = [prefill_s(a.base_url, a.model, a.prefill_tokens, seed=i) for i in range(a.rounds)]
-        windows["prefill"] = (t0, time.time())
-        res["prefill"] = {"tokens": a.prefill_tokens, **_stats(r), "window": windows["prefill"], "host": host_state()}
+        r, cell = timed("prefill", lambda i: prefill_s(a.base_url, a.model, a.prefill_tokens, seed=i))
+        res["prefill"] = {"tokens": a.prefill_tokens, **cell}
         print(f"prefill {a.prefill_tokens} tokens: median {1000 * statistics.median(r):.1f} ms "
               f"(min {1000 * min(r):.1f}, max {1000 * max(r):.1f})", flush=True)
     for b in (int(x) for x in a.batches.split(",")):
         decode_tok_s(a.base_url, a.model, b, a.decode_tokens)   # untimed, whole length: JIT at new sizes stays out
-        t0 = time.time()
-        r = [decode_tok_s(a.base_url, a.model, b, a.decode_tokens) for _ in range(a.rounds)]
-        windows[f"decode batch {b}"] = (t0, time.time())
-        res["decode"][b] = {**_stats(r), "window": windows[f"decode batch {b}"], "host": host_state()}
+        r, res["decode"][b] = timed(f"decode batch {b}", lambda i: decode_tok_s(a.base_url, a.model, b, a.decode_tokens))
         print(f"decode batch {b}: median {statistics.median(r):.1f} tok/s (min {min(r):.1f}, max {max(r):.1f})",
               flush=True)
     if a.compile_dirs:

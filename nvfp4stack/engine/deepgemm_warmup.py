@@ -45,6 +45,13 @@ def _tensor_spec(t) -> dict:
     return {"shape": list(t.shape), "stride": list(t.stride()), "dtype": str(t.dtype).removeprefix("torch.")}
 
 
+def _empty(spec: dict, device: str):
+    """An uninitialized tensor of ``_tensor_spec``'s layout: a child needs the layout, not the values."""
+    import torch
+
+    return torch.empty_strided(spec["shape"], spec["stride"], dtype=getattr(torch, spec["dtype"]), device=device)
+
+
 def gemm_cases(model, max_tokens: int, *, may_use: Callable, extract: Callable, m_values: Callable,
                done: set = frozenset()) -> list[dict]:
     """One case per weight size vLLM's warm-up would run: the weight's and its scales' layout and the M values.
@@ -189,8 +196,7 @@ def precompile(model, max_tokens: int, procs: int, device_index: int, rank: int 
         share = gemm_parts[i] if i < len(gemm_parts) else []
         mine = {entry: dealt[i] for entry, dealt in work.items() if dealt[i]}
         if share or mine:
-            specs.append({"device": device_index, "max_tokens": max_tokens, "e8m0": e8m0, "cases": share,
-                          "work": mine})
+            specs.append({"device": device_index, "e8m0": e8m0, "cases": share, "work": mine})
     ok, failed = run_children(specs, child_timeout())
     log.info("nvfp4stack: DeepGEMM warm-up: %d calls over %d weight sizes and %d more kernels' calls in %d "
              "processes (%d failed) in %.1f s (rank %d of %d)", calls, len(cases), extra, len(specs), failed,
@@ -214,10 +220,7 @@ def child_main(spec: dict, gemm: Callable | None = None, block_k: int | None = N
 
         block_k = get_mk_alignment_for_contiguous_layout()[0]
     for case in spec["cases"]:
-        w = torch.empty_strided(case["w"]["shape"], case["w"]["stride"], dtype=getattr(torch, case["w"]["dtype"]),
-                                device=device)
-        ws = torch.empty_strided(case["ws"]["shape"], case["ws"]["stride"],
-                                 dtype=getattr(torch, case["ws"]["dtype"]), device=device)
+        w, ws = _empty(case["w"], device), _empty(case["ws"], device)
         n, k = w.shape
         rows = max(case["m"])   # this share's largest M: a child holds no more than its calls need
         a = torch.empty((rows, k), device=device, dtype=torch.float8_e4m3fn)

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from nvfp4stack.engine import deepgemm_warmup as dw
+from tests.support.deepgemm import cold_cache, kernel_dirs, run_fresh
 
 
 class _Linear(torch.nn.Module):
@@ -95,7 +96,7 @@ def test_a_child_makes_vllms_calls_on_the_weights_own_layout():
         (x, xs), (w, ws) = a, b
         calls.append((x.shape[0], xs.shape, tuple(w.shape), w.dtype, ws.stride(), ws.dtype, out.shape, out.dtype))
 
-    spec = {"device": 0, "max_tokens": 64, "e8m0": False, "cases": dw.shares(_cases(_model()), 2)[1]}
+    spec = {"device": 0, "e8m0": False, "cases": dw.shares(_cases(_model()), 2)[1]}
     dw.child_main(json.loads(json.dumps(spec)), gemm=gemm, block_k=128, device="cpu")
     assert [c[0] for c in calls] == [4, 8, 64, 3]   # its share: the second run of each case's M values
     m, xs, w, wdt, wss, wsdt, out, odt = calls[2]
@@ -116,7 +117,7 @@ def test_a_child_runs_each_registered_entry_with_its_items(monkeypatch):
     seen = []
     mod = SimpleNamespace(warm=lambda items, device: seen.append((items, device)))
     monkeypatch.setitem(sys.modules, "nvfp4stack_test_work", mod)
-    spec = {"device": 0, "max_tokens": 64, "e8m0": False, "cases": [],
+    spec = {"device": 0, "e8m0": False, "cases": [],
             "work": {"nvfp4stack_test_work:warm": [{"batch": 32}, {"batch": 96}]}}
     dw.child_main(json.loads(json.dumps(spec)), gemm=lambda *a: None, block_k=128, device="cpu")
     assert seen == [([{"batch": 32}, {"batch": 96}], "cpu")]
@@ -319,7 +320,7 @@ def test_precompile_uses_vllms_own_selection(monkeypatch):
     got.pop()
     specs, timeout = got[0]
     assert timeout == 1500 and len(specs) == 3 and {s["device"] for s in specs} == {1}   # 3 M values a case
-    assert all(s["max_tokens"] == 32 and s["e8m0"] is True for s in specs)
+    assert all(set(s) == {"device", "e8m0", "cases", "work"} and s["e8m0"] is True for s in specs)
     assert dw.precompile(SimpleNamespace(modules=lambda: []), 32, 4, 0) == 0 and len(got) == 1
     # registered child work (a family's kernels): its items are dealt too, to children with or without GEMM calls
     dw.add_child_work("pkg.mod:fn", lambda model, t: [{"batch": b} for b in range(32, t + 1, 32)])
@@ -339,11 +340,6 @@ def test_the_child_timeout_stays_under_the_ranks_barrier(monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger="vllm.nvfp4stack"):
         assert dw.child_timeout() == 1500
     assert dw.ENV_TIMEOUT + "=3600" in caplog.text and "1800 s timeout" in caplog.text
-
-
-def _kernel_dirs(cache) -> set[str]:
-    d = cache / "cache"
-    return {p.name for p in d.iterdir()} if d.is_dir() else set()
 
 
 VLLM_GEMM_CALLS = r"""
@@ -368,24 +364,13 @@ def test_on_a_gpu_a_childs_kernels_are_the_ones_vllms_own_call_then_loads(tmp_pa
     """vLLM 0.26's DeepGEMM on a cold cache: one child compiles an FP8 linear's kernels at a few M values; vLLM's
     ``fp8_gemm_nt`` in a fresh process (DeepGEMM reads its cache directory once a process), at the same M values,
     then compiles nothing new (the indexer test's positive control shows such a check sees a compile)."""
-    import subprocess
-
-    vllm = pytest.importorskip("vllm")
-    if not vllm.__version__.startswith("0.26"):
-        pytest.skip(f"vLLM {vllm.__version__}: the warm-up extends vLLM 0.26's only")
-    from vllm.utils.deep_gemm import is_deep_gemm_supported
-
-    if not is_deep_gemm_supported():
-        pytest.skip("DeepGEMM is not supported on this GPU or build")
-    monkeypatch.setenv("DG_JIT_CACHE_DIR", str(tmp_path))
+    cold_cache(tmp_path, monkeypatch)
     n, k, ms = 4096, 7168, [1, 8, 64, 256, 1024]
     case = {"w": {"shape": [n, k], "stride": [k, 1], "dtype": "float8_e4m3fn"},
             "ws": {"shape": [n // 128, k // 128], "stride": [k // 128, 1], "dtype": "float32"}, "m": ms}
-    spec = {"device": torch.cuda.current_device(), "max_tokens": max(ms), "e8m0": False, "cases": [case]}
+    spec = {"device": torch.cuda.current_device(), "e8m0": False, "cases": [case]}
     assert dw.run_children([spec], 600) == (1, 0)
-    compiled = _kernel_dirs(tmp_path)
+    compiled = kernel_dirs(tmp_path)
     assert compiled and all("fp8_gemm" in name for name in compiled)
-    r = subprocess.run([sys.executable, "-c", VLLM_GEMM_CALLS, *map(str, ms)], capture_output=True, text=True,
-                       timeout=600)
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert _kernel_dirs(tmp_path) == compiled   # every kernel vLLM's call needed was the child's
+    run_fresh(VLLM_GEMM_CALLS, *ms)
+    assert kernel_dirs(tmp_path) == compiled   # every kernel vLLM's call needed was the child's

@@ -6,6 +6,7 @@ import torch
 
 from nvfp4stack.engine import deepgemm_warmup as dw
 from nvfp4stack.models.deepseek_v4 import indexer_warmup as iw
+from tests.support.deepgemm import cold_cache, kernel_dirs, run_fresh
 
 
 class _Model(torch.nn.Module):
@@ -72,35 +73,17 @@ def test_on_a_gpu_the_childs_metadata_kernels_are_the_ones_the_indexer_asks_for(
     """vLLM 0.26's DeepGEMM on a cold cache: a warm-up child compiles the metadata kernel at batches 32..128; the
     indexer's own call in a fresh process (vLLM's ``get_paged_mqa_logits_metadata`` with its SM count) at batches
     1, 50 and 100 then compiles nothing new, and at 129 (a new multiple of 32) it compiles one."""
-    import subprocess
-    import sys
-
-    vllm = pytest.importorskip("vllm")
-    if not vllm.__version__.startswith("0.26"):
-        pytest.skip(f"vLLM {vllm.__version__}: the warm-up extends vLLM 0.26's only")
-    from vllm.utils.deep_gemm import is_deep_gemm_supported
+    cold_cache(tmp_path, monkeypatch)
     from vllm.utils.platform_utils import num_compute_units
 
-    if not is_deep_gemm_supported():
-        pytest.skip("DeepGEMM is not supported on this GPU or build")
-    monkeypatch.setenv("DG_JIT_CACHE_DIR", str(tmp_path))
     sms = int(num_compute_units(torch.cuda.current_device()))
-    spec = {"device": torch.cuda.current_device(), "max_tokens": 128, "e8m0": False, "cases": [],
+    spec = {"device": torch.cuda.current_device(), "e8m0": False, "cases": [],
             "work": {iw.ENTRY: [{"batch": b, "num_sms": sms} for b in (32, 64, 96, 128)]}}
     assert dw.run_children([spec], 600) == (1, 0)
 
-    def kernels():
-        d = tmp_path / "cache"
-        return {p.name for p in d.iterdir()} if d.is_dir() else set()
-
-    def indexer(*batches):
-        r = subprocess.run([sys.executable, "-c", INDEXER_CALLS, *map(str, batches)], capture_output=True, text=True,
-                           timeout=600)
-        assert r.returncode == 0, r.stderr[-2000:]
-
-    warmed = kernels()
+    warmed = kernel_dirs(tmp_path)
     assert len([k for k in warmed if "paged_mqa_logits_metadata" in k]) == 4
-    indexer(1, 50, 100)
-    assert kernels() == warmed
-    indexer(129)
-    assert len(kernels() - warmed) == 1   # the check can see a compile
+    run_fresh(INDEXER_CALLS, 1, 50, 100)
+    assert kernel_dirs(tmp_path) == warmed
+    run_fresh(INDEXER_CALLS, 129)
+    assert len(kernel_dirs(tmp_path) - warmed) == 1   # the check can see a compile

@@ -1,4 +1,5 @@
-"""Recipe -> the exact vLLM OpenAI-server command line (no vLLM import: dry runs work anywhere)."""
+"""Recipe -> the exact vLLM OpenAI-server command line (no vLLM import, except to name an MTP draft's
+quantization next to the plugin's: see ``quant_config.draft_quant_method``)."""
 from __future__ import annotations
 
 import json
@@ -22,6 +23,15 @@ SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
 def _json(obj) -> str:
     return json.dumps(obj, separators=(",", ":"), sort_keys=True)
+
+
+def _config_json(model: str) -> dict:
+    path = Path(model) / "config.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: the MTP draft's quantization is read from the checkpoint's config.json; "
+                         f"could not read it ({e}). Fix: point model.path at the checkpoint directory") from e
 
 
 def vllm_moe_backend(plan: EnginePlan) -> str | None:
@@ -80,6 +90,10 @@ def engine_cli_args(engine: EngineConfig, *, model: str, served_name: str | None
         if flag is not None:
             # An untouched (MXFP4) MTP block next to NVFP4 experts may need another kernel.
             spec["moe_backend"] = flag
+        if quant_override is not None:   # needs vLLM: the checkpoint's own vLLM method names the draft's
+            from nvfp4stack.engine.quant_config import draft_quant_method
+
+            spec["quantization"] = draft_quant_method(plan, quant_override, _config_json(model))
         a += ["--speculative-config", _json(spec)]
     if engine.tokenizer_mode != "auto":
         a += ["--tokenizer-mode", engine.tokenizer_mode]

@@ -104,6 +104,10 @@ class EnginePlan:
         entry = self.entry_for(prefix)
         return None if entry is None else _own(entry, kind)
 
+    def own_mtp_roles(self) -> list[str]:
+        """The MTP draft's roles the plan puts on a kernel this package implements."""
+        return sorted(r for r, e in self.mtp.items() if _own(e, "moe" if r in MOE_ROLES else "linear"))
+
     def needs_plugin(self) -> bool:
         """True when any NVFP4 module runs on a kernel this package implements."""
         return any(_own(e, "moe" if role in MOE_ROLES else "linear") for role, e, _ in self.entries())

@@ -48,6 +48,29 @@ def base_method_for(hf_quant_cfg: dict, hf_config: Any = None) -> str:
     return qm
 
 
+def draft_quant_method(plan: EnginePlan, hf_quant_cfg: dict, hf_config: dict) -> str:
+    """The ``quantization`` of an MTP draft served beside this plugin's quantization.
+
+    vLLM 0.26 builds the draft's ModelConfig from the checkpoint's own config.json: a dict --hf-overrides
+    (how the plan reaches the target) is not applied to the draft (``SpeculativeConfig.compose_draft_hf_overrides``),
+    and the draft inherits ``--quantization nvfp4stack``, which the checkpoint's config then contradicts (the
+    2026-11-27 four-H200 start: "Quantization method specified in the model config (fp8) does not match ...
+    (nvfp4stack)"). The draft gets the vLLM method the checkpoint has without us, which serves exactly what
+    our wrapper would for a module the plan keeps on vLLM's kernels: right only when the plan keeps every MTP
+    module there. ``hf_config``: the checkpoint's config.json."""
+    own = plan.own_mtp_roles()
+    if own:
+        raise ValueError(
+            f"engine.speculative: the plan runs the MTP draft's {', '.join(own)} on nvfp4stack kernels, but vLLM "
+            "builds the draft from the checkpoint's own quantization_config (the plan reaches only the target "
+            "model), so the draft cannot load them. Fix: keep the MTP block on vLLM's kernels (the recipe's "
+            "precision for MTP: untouched), or engine.speculative.method=null")
+    from types import SimpleNamespace
+
+    base = {k: v for k, v in hf_quant_cfg.items() if k != SECTION_KEY}
+    return base_method_for(base, SimpleNamespace(**hf_config))
+
+
 def nvfp4_moe_config(base: QuantizationConfig) -> QuantizationConfig:
     """The config our NVFP4 MoE method hands to ``ModelOptNvFp4FusedMoE.create_weights``, which
     reads NVFP4 fields (``is_checkpoint_nvfp4_serialized``, ``group_size``) off it: the base itself

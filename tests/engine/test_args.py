@@ -45,8 +45,8 @@ def parse_with_vllm(parser, args):
     return ns, AsyncEngineArgs.from_cli_args(ns)
 
 
-def fake_checkpoint(tmp_path, quant_cfg):
-    (tmp_path / "config.json").write_text(json.dumps({"quantization_config": quant_cfg}))
+def fake_checkpoint(tmp_path, quant_cfg, **config):
+    (tmp_path / "config.json").write_text(json.dumps({"quantization_config": quant_cfg, **config}))
     return tmp_path
 
 
@@ -55,7 +55,7 @@ def fake_checkpoint(tmp_path, quant_cfg):
 def test_dsv4_engine_args_accepted_by_vllm_parser(recipe, moe_flag, draft_moe, vllm_parser, tmp_path):
     cfg = compose(f"recipe={recipe}", *DSV4_ENGINE)
     plan = engine_plan_for(cfg)
-    ckpt = fake_checkpoint(tmp_path, {"quant_method": "fp8", "moe_quant_algo": "NVFP4"})
+    ckpt = fake_checkpoint(tmp_path, {"quant_method": "fp8", "moe_quant_algo": "NVFP4"}, model_type="deepseek_v4")
     argv = server_argv(cfg.engine, model=str(ckpt), served_name=cfg.model.served_name, plan=plan)
     print(format_cli(argv))
     assert argv[1:3] == ["-m", SERVER_MODULE]
@@ -63,7 +63,11 @@ def test_dsv4_engine_args_accepted_by_vllm_parser(recipe, moe_flag, draft_moe, v
     assert ea.tensor_parallel_size == 8 and ea.enable_expert_parallel is True
     assert ea.kv_cache_dtype == "fp8" and ea.block_size == 256
     # the untouched MTP block keeps the release's MXFP4 experts: the draft gets its own MoE kernel
-    assert ea.speculative_config == {"method": "mtp", "num_speculative_tokens": 2, "moe_backend": draft_moe}
+    # beside the plugin's quantization, the draft is named the checkpoint's own vLLM method (the plan reaches
+    # the target only: tests/engine/test_mtp_draft_config.py)
+    draft_quant = {} if moe_flag else {"quantization": "deepseek_v4_fp8"}
+    assert ea.speculative_config == {"method": "mtp", "num_speculative_tokens": 2, "moe_backend": draft_moe,
+                                     **draft_quant}
     assert ns.tool_call_parser == "deepseek_v4" and ns.enable_auto_tool_choice is True
     assert ea.reasoning_parser == "deepseek_v4" and ea.tokenizer_mode == "deepseek_v4"
     assert ea.max_model_len == 65536 and ea.gpu_memory_utilization == 0.9

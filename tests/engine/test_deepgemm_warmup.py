@@ -371,6 +371,8 @@ def test_on_a_gpu_a_childs_kernels_are_the_ones_vllms_own_call_then_loads(tmp_pa
     spec = {"device": torch.cuda.current_device(), "e8m0": False, "cases": [case]}
     assert dw.run_children([spec], 600) == (1, 0)
     compiled = kernel_dirs(tmp_path)
-    assert compiled and all("fp8_gemm" in name for name in compiled)
+    # the GEMM's kernels, and DeepGEMM's own helpers they need (the H200 run of 2026-11-27 also found
+    # ``transpose_fp32``, the scale-layout transposition)
+    assert any("fp8_gemm" in name for name in compiled), compiled
     run_fresh(VLLM_GEMM_CALLS, *ms)
     assert kernel_dirs(tmp_path) == compiled   # every kernel vLLM's call needed was the child's

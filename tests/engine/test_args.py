@@ -134,6 +134,10 @@ def test_every_engine_field_reaches_the_cli(vllm_parser):
     (dict(gpu_memory_utilization=1.5), "engine.gpu_memory_utilization"),
     (dict(port=70000), "engine.port"),
     (dict(compilation_config="{custom_ops: all}"), "engine.compilation_config: expected a JSON object"),
+    (dict(cudagraph_batches=[]), "engine.cudagraph_batches: expected null or a non-empty list"),
+    (dict(cudagraph_batches=[1, 0]), "engine.cudagraph_batches: expected null or a non-empty list"),
+    (dict(cudagraph_batches=[1, 8], compilation_config='{"cudagraph_capture_sizes": [1, 8]}'),
+     "engine.cudagraph_batches: expected null when engine.compilation_config lists cudagraph_capture_sizes"),
 ])
 def test_engine_config_validation_names_the_key(bad, match):
     with pytest.raises(ValueError, match=match):
@@ -193,3 +197,32 @@ def test_backend_linear_reaches_vllm(linear, flag, vllm_parser, tmp_path):
     argv = server_argv(cfg.engine, model=str(ckpt), served_name=cfg.model.served_name, plan=plan)
     _, ea = parse_with_vllm(vllm_parser, argv[3:])
     assert ea.linear_backend == flag
+
+
+@pytest.mark.parametrize("spec,sizes", [(SpeculativeConfig(None, 2), [1, 8, 32, 256]),
+                                        (SpeculativeConfig("mtp", 2), [3, 24, 96, 768]),
+                                        (SpeculativeConfig("mtp", 1), [2, 16, 64, 512])])
+def test_cudagraph_batches_are_captured_as_tokens_per_step(spec, sizes, vllm_parser):
+    """engine.cudagraph_batches: decode batches (sequences), captured as batch x (1 + the draft's tokens), so the
+    recipe's graphs follow engine.speculative on or off (the 2026-11-27 TP4 start without its draft kept the
+    draft's sizes: batch 1 ran padded to 3 tokens)."""
+    e = EngineConfig(speculative=spec, cudagraph_batches=[32, 1, 8, 256],
+                     compilation_config='{"custom_ops": ["all"]}')
+    _, ea = parse_with_vllm(vllm_parser, engine_cli_args(e, model="m", served_name=None, plan=EnginePlan({})))
+    assert ea.compilation_config.cudagraph_capture_sizes == sizes
+    assert ea.compilation_config.custom_ops == ["all"]   # the rest of compilation_config stays
+
+
+def test_sizes_the_draft_would_round_are_said_with_the_fix():
+    from nvfp4stack.usage import ConfigWarning
+
+    with pytest.warns(ConfigWarning, match=r"engine.compilation_config: cudagraph_capture_sizes \[1, 2, 4, 8\] are not "
+                                           r"all multiples of .* \(3\); vLLM captures \[3, 6\] instead.* over 2 "
+                                           r"sequences .* Fix: .*engine.cudagraph_batches"):
+        EngineConfig(speculative=SpeculativeConfig("mtp", 2), compilation_config='{"cudagraph_capture_sizes":[1,2,4,8]}')
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        EngineConfig(speculative=SpeculativeConfig("mtp", 2), compilation_config='{"cudagraph_capture_sizes":[3,24]}')
+        EngineConfig(compilation_config='{"cudagraph_capture_sizes":[1,2,4,8]}')

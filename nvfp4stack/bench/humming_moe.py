@@ -82,6 +82,12 @@ def prepare(w13: Nvfp4Tensor, w2: Nvfp4Tensor, top_k: int, max_tokens: int) -> H
     )
     from vllm.model_executor.layers.quantization.utils.quant_utils import kNvfp4Static
 
+    from vllm.v1.worker import workspace
+
+    if not workspace.is_workspace_manager_initialized():
+        # what vLLM's GPU model runner sets up before any layer runs; vLLM 0.26's Humming experts draw their
+        # scratch from it (the H200 run of 2026-11-27: "WorkspaceManager not initialized")
+        workspace.init_workspace_manager(w13.data.device)
     vllm_config, ctx = _vllm_context()
     with ctx:
         moe = FusedMoEConfig(

@@ -81,7 +81,6 @@ def prepare(w13: Nvfp4Tensor, w2: Nvfp4Tensor, top_k: int, max_tokens: int) -> H
         get_humming_moe_quant_config,
     )
     from vllm.model_executor.layers.quantization.utils.quant_utils import kNvfp4Static
-
     from vllm.v1.worker import workspace
 
     if not workspace.is_workspace_manager_initialized():

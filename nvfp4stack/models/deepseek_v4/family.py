@@ -144,10 +144,10 @@ class DeepseekV4Family(ModelFamily):
 
         vllm_load_check(ckpt, report, mode)
 
-    def synthetic_weights(self, config: dict, seed: int, device):
+    def synthetic_weights(self, config: dict, seed: int, device, draft: bool = False):
         from nvfp4stack.models.deepseek_v4.synthetic import release_stream
 
-        return release_stream(config, seed, device)
+        return release_stream(config, seed, device, mtp_only=draft)
 
     def quantize(self, cfg) -> int:
         from nvfp4stack.models.deepseek_v4.quantize import run

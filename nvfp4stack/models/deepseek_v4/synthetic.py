@@ -21,9 +21,13 @@ from nvfp4stack.models.deepseek_v4.spec import dsv4_tensor_groups
 from nvfp4stack.models.deepseek_v4.tiny import _matrix, non_matrix_tensor, release_tensors
 
 
-def release_stream(config: dict, seed: int, device: str | torch.device) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every release tensor of ``config`` (a DeepSeek-V4 config.json), drawn on ``device``."""
+def release_stream(config: dict, seed: int, device: str | torch.device,
+                   mtp_only: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every release tensor of ``config`` (a DeepSeek-V4 config.json), drawn on ``device``; ``mtp_only``: the MTP
+    block's alone (what vLLM's draft model loads: it skips the rest), each with the values of the whole stream."""
     for tg in dsv4_tensor_groups(config):
+        if mtp_only and not tg.mtp:
+            continue
         if not tg.is_matrix:
             yield non_matrix_tensor(tg, config, seed, device)
             continue

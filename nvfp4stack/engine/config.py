@@ -122,10 +122,6 @@ class EngineConfig:
             if not cb or not all(isinstance(b, int) and b >= 1 for b in cb):
                 raise _bad("cudagraph_batches", "null or a non-empty list of integers >= 1 (decode batch sizes)",
                            cb, "e.g. engine.cudagraph_batches=[1,8,32,128,256]")
-            if self.compilation_config is not None and "cudagraph_capture_sizes" in json.loads(self.compilation_config):
-                raise _bad("cudagraph_batches", "null when engine.compilation_config lists cudagraph_capture_sizes",
-                           cb, "give the sizes once: engine.cudagraph_batches=null, or drop cudagraph_capture_sizes "
-                               "from engine.compilation_config")
         if self.compilation_config is not None:
             try:
                 ok = isinstance(json.loads(self.compilation_config), dict)
@@ -134,6 +130,10 @@ class EngineConfig:
             if not ok:
                 raise _bad("compilation_config", "a JSON object string", self.compilation_config,
                            """e.g. engine.compilation_config='{"custom_ops":["all","-rotary_embedding"]}'""")
+            if cb is not None and "cudagraph_capture_sizes" in json.loads(self.compilation_config):
+                raise _bad("cudagraph_batches", "null when engine.compilation_config lists cudagraph_capture_sizes",
+                           cb, "give the sizes once: engine.cudagraph_batches=null, or drop cudagraph_capture_sizes "
+                               "from engine.compilation_config")
             self._check_capture_sizes_for_draft()
         if not all(isinstance(a, str) for a in self.extra_args):
             raise _bad("extra_args", "a list of strings", self.extra_args, "quote each argument")

@@ -134,6 +134,8 @@ def test_every_engine_field_reaches_the_cli(vllm_parser):
     (dict(gpu_memory_utilization=1.5), "engine.gpu_memory_utilization"),
     (dict(port=70000), "engine.port"),
     (dict(compilation_config="{custom_ops: all}"), "engine.compilation_config: expected a JSON object"),
+    (dict(compilation_config="{custom_ops: all}", cudagraph_batches=[1, 8]),   # the recipes set cudagraph_batches
+     "engine.compilation_config: expected a JSON object"),
     (dict(cudagraph_batches=[]), "engine.cudagraph_batches: expected null or a non-empty list"),
     (dict(cudagraph_batches=[1, 0]), "engine.cudagraph_batches: expected null or a non-empty list"),
     (dict(cudagraph_batches=[1, 8], compilation_config='{"cudagraph_capture_sizes": [1, 8]}'),

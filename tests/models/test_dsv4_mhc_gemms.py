@@ -61,25 +61,41 @@ def test_a_child_makes_each_recorded_call_on_tensors_of_its_layout():
     assert got == [((64, 16), (32, 1), torch.float32, (24, 16), (3, 64, 24), (3, 64), 3)]
 
 
-def test_the_calls_are_dealt_to_the_children_on_this_gpu_where_they_pay(monkeypatch, tmp_path):
+def _item(k: int, split: int, rows: int = 64) -> dict:
+    return {"x": {"shape": [rows, k], "stride": [k, 1], "dtype": "bfloat16"},
+            "fn": {"shape": [24, k], "stride": [k, 1], "dtype": "float32"}, "num_split": split}
+
+
+def test_one_call_per_kernel_is_dealt_to_the_children_on_this_gpu_where_they_pay(monkeypatch, tmp_path):
     ran = []
-    items = {str(i): {"num_split": i} for i in range(5)}
+    # 13 layouts, 5 kernels: DeepGEMM specializes by (weight shape, split), not by the token count
+    layouts = [_item(16384, s, rows) for s in (64, 44, 33) for rows in (1, 64, 128)] + [_item(4096, 16, r) for r in (1, 2)]
+    layouts += [_item(4096, 8, 7), _item(4096, 8, 9)]
+    calls = {str(i): it for i, it in enumerate(layouts)}
     runner = lambda specs, timeout: (ran.append((specs, timeout)), (len(specs), 0))[1]   # noqa: E731
-    assert mhc_gemms.compile_in_children(items, 3, procs=2, runner=runner, min_calls=5, cache_dir="/nonexistent") == (2, 0)
+    assert mhc_gemms.compile_in_children(calls, 3, procs=2, runner=runner, min_kernels=5, cache_dir="/nonexistent") == (2, 0)
     specs, timeout = ran[0]
     assert timeout == dw.child_timeout() and {s["device"] for s in specs} == {3}
-    assert [[i["num_split"] for i in s["work"][mhc_gemms.ENTRY]] for s in specs] == [[0, 2, 4], [1, 3]]
-    assert all(s["cases"] == [] for s in specs)
+    dealt = [[mhc_gemms.kernel_key(i) for i in s["work"][mhc_gemms.ENTRY]] for s in specs]
+    assert sorted(k for part in dealt for k in part) == sorted({mhc_gemms.kernel_key(i) for i in layouts})
+    assert [len(part) for part in dealt] == [3, 2] and all(s["cases"] == [] for s in specs)
     module, _, name = mhc_gemms.ENTRY.partition(":")   # what a child imports
     assert getattr(sys.modules[module], name) is mhc_gemms.run
-    assert mhc_gemms.compile_in_children({}, 0, procs=4, runner=runner, min_calls=0) == (0, 0)
-    assert mhc_gemms.compile_in_children(items, 0, procs=0, runner=runner, min_calls=1) == (0, 0)   # turned off
-    # too few calls to pay for the children's start (the H200's 256-token measurement), or a warm cache
-    assert mhc_gemms.compile_in_children(items, 0, procs=2, runner=runner, min_calls=6, cache_dir="/nonexistent") == (0, 0)
-    (tmp_path / "cache" / "kernel.sm90_tf32_hc_prenorm_gemm.0123").mkdir(parents=True)
-    assert mhc_gemms.compiled_before(str(tmp_path))
-    assert mhc_gemms.compile_in_children(items, 0, procs=2, runner=runner, min_calls=1, cache_dir=str(tmp_path)) == (0, 0)
-    assert len(ran) == 1
+    assert mhc_gemms.compile_in_children({}, 0, procs=4, runner=runner, min_kernels=0) == (0, 0)
+    assert mhc_gemms.compile_in_children(calls, 0, procs=0, runner=runner, min_kernels=1) == (0, 0)   # turned off
+    # too few kernels to pay for the children's start (the H200's 256 tokens: 4 kernels, slower with children)
+    assert mhc_gemms.compile_in_children(calls, 0, procs=2, runner=runner, min_kernels=6, cache_dir="/nonexistent") == (0, 0)
+    # a cache holding fewer of these kernels than needed (vLLM's profile run compiles a few first): children
+    cache = tmp_path / "cache"
+    for i in range(4):
+        (cache / f"kernel.sm90_tf32_hc_prenorm_gemm.{i:04}").mkdir(parents=True)
+    (cache / "kernel.sm90_fp8_gemm_1d2d.0000").mkdir()
+    assert mhc_gemms.cached_kernels(str(tmp_path)) == 4   # this GEMM's only
+    assert mhc_gemms.compile_in_children(calls, 0, procs=2, runner=runner, min_kernels=1, cache_dir=str(tmp_path)) == (2, 0)
+    # as many as needed (a host that compiled them once): none
+    (cache / "kernel.sm90_tf32_hc_prenorm_gemm.0004").mkdir()
+    assert mhc_gemms.compile_in_children(calls, 0, procs=2, runner=runner, min_kernels=1, cache_dir=str(tmp_path)) == (0, 0)
+    assert len(ran) == 2
     monkeypatch.setenv(dw.ENV_PROCS, "0")
     assert dw.child_procs() == 0
     monkeypatch.setenv(dw.ENV_PROCS, "3")
@@ -131,7 +147,7 @@ def test_on_a_gpu_the_children_compile_the_gemms_and_the_warmups_own_pass_compil
     real = mhc_gemms.compile_in_children
 
     def children(calls, device_index):
-        result = real(calls, device_index, procs=4, min_calls=1)   # 256 tokens: under MIN_CALLS
+        result = real(calls, device_index, procs=4, min_kernels=1)   # 256 tokens: 4 kernels, under MIN_KERNELS
         after_children.append((len(calls), result, kernel_dirs(tmp_path)))
         return result
 

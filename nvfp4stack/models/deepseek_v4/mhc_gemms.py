@@ -8,7 +8,7 @@ kernels in 4.9 s, the warm-up 111 s). Here the warm-up's TileLang rounds run wit
 ``deepgemm_warmup``'s child processes (``compile_in_children``), into DeepGEMM's shared cache, and the warm-up then
 runs its steps once more with vLLM's own GEMM, which loads those kernels from disk (or compiles what a child
 left, as before). The recorder is in place only inside the ``with`` block. Children are used only where they pay:
-enough calls (``MIN_CALLS``) and none of these kernels in DeepGEMM's cache yet (a fresh host).
+enough kernels (``MIN_KERNELS``) and fewer of them in DeepGEMM's cache than needed (a fresh host).
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ NAME = "tf32_hc_prenorm_gemm"
 # A child costs about 15 s to start (Python, vLLM, CUDA, DeepGEMM) and a kernel about 2.5 s to compile: at 256
 # tokens (4 kernels) the children made the warm-up slower, 38-39 s against 22-27 s one after another (H200,
 # 2026-11-27). At a server's 133 token counts (about 36 kernels) they are used.
-MIN_CALLS = 12
+MIN_KERNELS = 12
 
 
 @contextlib.contextmanager
@@ -68,30 +68,40 @@ def run(items: list[dict], device: str, gemm=None) -> None:
         gemm(*(empty_from_spec(it[k], device) for k in ("x", "fn", "out", "sqrsum")), it["num_split"])
 
 
-def compiled_before(cache_dir: str | None = None) -> bool:
-    """DeepGEMM's cache (``DG_JIT_CACHE_DIR``, which vLLM sets before DeepGEMM's first use) holds this GEMM's kernels
-    from an earlier start: loading them costs well under a second each, less than starting children."""
+def kernel_key(item: dict) -> tuple:
+    """The kernel a recorded call needs: DeepGEMM specializes the GEMM by its weight's shape and split count, not by
+    the token count (on an H200, 13 calls at 9 token counts up to 256 compiled 4 kernels: the 4 (shape, split) pairs)."""
+    return tuple(item["fn"]["shape"]), item["num_split"]
+
+
+def cached_kernels(cache_dir: str | None = None) -> int:
+    """This GEMM's kernels in DeepGEMM's cache (``DG_JIT_CACHE_DIR``, which vLLM sets before DeepGEMM's first use);
+    0 where no cache directory is named."""
     root = cache_dir or os.environ.get("DG_JIT_CACHE_DIR")
-    if not root:
-        return False
-    cache = Path(root) / "cache"
-    return cache.is_dir() and any(NAME.removeprefix("tf32_") in p.name for p in cache.iterdir())
+    cache = Path(root) / "cache" if root else None
+    if cache is None or not cache.is_dir():
+        return 0
+    return sum(NAME.removeprefix("tf32_") in p.name for p in cache.iterdir())
 
 
 def compile_in_children(calls: dict, device_index: int, procs: int | None = None, runner=run_children,
-                        min_calls: int = MIN_CALLS, cache_dir: str | None = None) -> tuple[int, int]:
-    """The recorded calls dealt to ``procs`` children (default: the DeepGEMM warm-up's count) on this GPU; (children
-    finished, failed). (0, 0), the warm-up then compiling one after another as before, where children would not pay:
-    under ``min_calls`` calls, a cache that holds the kernels already (``compiled_before``), or children turned off
-    (``NVFP4STACK_DEEPGEMM_WARMUP_PROCS=0``)."""
+                        min_kernels: int = MIN_KERNELS, cache_dir: str | None = None) -> tuple[int, int]:
+    """One recorded call per kernel (``kernel_key``), dealt to ``procs`` children (default: the DeepGEMM warm-up's
+    count) on this GPU; (children finished, failed). (0, 0), the warm-up then compiling one after another as before,
+    where children would not pay: under ``min_kernels`` kernels, a cache that already holds as many of this GEMM's
+    kernels (a host that compiled them once; vLLM's profile run compiles a few before any warm-up), or children
+    turned off (``NVFP4STACK_DEEPGEMM_WARMUP_PROCS=0``)."""
     procs = child_procs() if procs is None else procs
-    items = list(calls.values())
-    if len(items) < max(1, min_calls) or procs < 1 or compiled_before(cache_dir):
+    kernels: dict = {}
+    for item in calls.values():
+        kernels.setdefault(kernel_key(item), item)
+    items = list(kernels.values())
+    if len(items) < max(1, min_kernels) or procs < 1 or cached_kernels(cache_dir) >= len(items):
         return 0, 0
     specs = [{"device": device_index, "e8m0": False, "cases": [], "work": {ENTRY: part}}
              for part in deal(items, procs) if part]
     t0 = time.perf_counter()
     ok, failed = runner(specs, child_timeout())
-    log.info("nvfp4stack: DeepSeek-V4 mHC: %d DeepGEMM %s calls in %d processes (%d failed) in %.1f s", len(items),
-             NAME, len(specs), failed, time.perf_counter() - t0)
+    log.info("nvfp4stack: DeepSeek-V4 mHC: %d DeepGEMM %s kernels in %d processes (%d failed) in %.1f s",
+             len(items), NAME, len(specs), failed, time.perf_counter() - t0)
     return ok, failed

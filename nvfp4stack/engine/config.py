@@ -124,17 +124,17 @@ class EngineConfig:
                            cb, "e.g. engine.cudagraph_batches=[1,8,32,128,256]")
         if self.compilation_config is not None:
             try:
-                ok = isinstance(json.loads(self.compilation_config), dict)
+                cc = json.loads(self.compilation_config)
             except json.JSONDecodeError:
-                ok = False
-            if not ok:
+                cc = None
+            if not isinstance(cc, dict):
                 raise _bad("compilation_config", "a JSON object string", self.compilation_config,
                            """e.g. engine.compilation_config='{"custom_ops":["all","-rotary_embedding"]}'""")
-            if cb is not None and "cudagraph_capture_sizes" in json.loads(self.compilation_config):
+            if cb is not None and "cudagraph_capture_sizes" in cc:
                 raise _bad("cudagraph_batches", "null when engine.compilation_config lists cudagraph_capture_sizes",
                            cb, "give the sizes once: engine.cudagraph_batches=null, or drop cudagraph_capture_sizes "
                                "from engine.compilation_config")
-            self._check_capture_sizes_for_draft()
+            self._check_capture_sizes_for_draft(cc.get("cudagraph_capture_sizes"))
         if not all(isinstance(a, str) for a in self.extra_args):
             raise _bad("extra_args", "a list of strings", self.extra_args, "quote each argument")
         self._check_api_key_settings()
@@ -151,12 +151,12 @@ class EngineConfig:
         q = self.tokens_per_step()
         return {**(cc or {}), "cudagraph_capture_sizes": sorted({b * q for b in self.cudagraph_batches})}
 
-    def _check_capture_sizes_for_draft(self) -> None:
+    def _check_capture_sizes_for_draft(self, sizes) -> None:
         """With a draft, each decode step runs 1 + k tokens a sequence: vLLM 0.26 rounds the CUDA-graph sizes up to
         multiples of 1 + k and drops those past the largest (``CompilationConfig.adjust_cudagraph_sizes_for_spec_decode``),
-        so the list it captures is not the one given. Said, not refused: vLLM runs it."""
+        so the list it captures is not the one given. Said, not refused: vLLM runs it. ``sizes``: compilation_config's
+        cudagraph_capture_sizes."""
         q = self.tokens_per_step()
-        sizes = json.loads(self.compilation_config).get("cudagraph_capture_sizes")
         if q < 2 or not isinstance(sizes, list) or not sizes or not all(isinstance(x, int) for x in sizes):
             return
         if all(x % q == 0 for x in sizes):

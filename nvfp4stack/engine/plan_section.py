@@ -106,11 +106,11 @@ class EnginePlan:
 
     def own_mtp_roles(self) -> list[str]:
         """The MTP draft's roles the plan puts on a kernel this package implements."""
-        return sorted(r for r, e in self.mtp.items() if _own(e, "moe" if r in MOE_ROLES else "linear"))
+        return sorted(r for r, e in self.mtp.items() if _own_role(r, e))
 
     def needs_plugin(self) -> bool:
         """True when any NVFP4 module runs on a kernel this package implements."""
-        return any(_own(e, "moe" if role in MOE_ROLES else "linear") for role, e, _ in self.entries())
+        return any(_own_role(role, e) for role, e, _ in self.entries())
 
     def to_dict(self) -> dict:
         d = {"version": VERSION, "roles": self.roles}
@@ -130,6 +130,11 @@ class EnginePlan:
         mtp = d.get("mtp") or {}
         return cls(roles=dict(d.get("roles", {})), layers={r: dict(by) for r, by in d.get("layers", {}).items()},
                    mtp=dict(mtp.get("roles", {})), mtp_first_layer=mtp.get("first_layer"), family=d.get("family"))
+
+
+def _own_role(role: str, entry: dict) -> str | None:
+    """``_own`` with the kind a role's modules are: MoE for the routed-expert roles, linear for the rest."""
+    return _own(entry, "moe" if role in MOE_ROLES else "linear")
 
 
 def _own(entry: dict, kind: str) -> str | None:

@@ -15,6 +15,9 @@
 #         neither ready times nor rounds that compile favour the later one). SEQ_SHARED_CACHES=1 shares
 #         TileLang's and DeepGEMM's (the same mHC kernels and attention linears: later starts are minutes
 #         shorter, and a later server finds DeepGEMM kernels an earlier client compiled: say so with its figures)
+#   seqep a two-GPU host (GPUs 0,1): ours with engine.tp=2 engine.ep=true, started cold and measured twice (the
+#         second client run while MEASURE_S is left), stopped; then stock with the same settings, the same way;
+#         then ours against stock, round by round. Caches as in seq (SEQ_SHARED_CACHES=1: say so with the figures)
 #   tp4   ours alone on GPUs 0-3: TP4 + EP with the MTP draft, batches 1, 32, 256 (CUDA graphs at TP4_CAPTURE tokens,
 #         default 3,24,96,384,768: a batch's sequences x 3); if it never answers, once more without the draft
 #   ref   who is right where ours and stock part: REF_LAYERS (default 8) layers, one GPU each, ours
@@ -131,21 +134,35 @@ gpus_released() {   # wait (up to 90 s) until GPUs 0,1 hold under 2 GiB each: a 
     log "GPUs 0,1 still hold ${used:-?} MiB 90 s after the server stopped"
 }
 
-phase_seq() {   # see "seq" above
-    local sh="VLLM_DEEP_GEMM_WARMUP=${VLLM_DEEP_GEMM_WARMUP:-relax}"
+seq_server() {   # $1 a tag (ours-tp2 stock-tp2 ours-ep stock-ep): that server's settings on GPUs 0,1
+    local who=${1%%-*} phase=${1#*-} moe=triton_w4a16 ep=false port=8011
+    [ "$who" = stock ] && moe=marlin port=8012
+    [ "$phase" = ep ] && ep=true port=$(( port + 2 ))
+    echo "CUDA_VISIBLE_DEVICES=0,1 PORT=$port MOE=$moe TP=2 EP=$ep CACHE=/tmp/cache-$who TAG=$1"
+}
+
+phase_seq() {   # $1 the phase's name, $2 client runs a server (the second while MEASURE_S is left), then tags
+    local name=$1 runs=$2 sh="VLLM_DEEP_GEMM_WARMUP=${VLLM_DEEP_GEMM_WARMUP:-relax}" t s r
+    shift 2
     [ "${SEQ_SHARED_CACHES:-0}" = 1 ] && sh="TL_CACHE=/tmp/cache-tl DG_CACHE=/tmp/cache-dg $sh"
-    local s
-    for s in "$sh CUDA_VISIBLE_DEVICES=0,1 PORT=8011 MOE=triton_w4a16 TP=2 EP=false CACHE=/tmp/cache-ours TAG=ours-tp2" \
-             "$sh CUDA_VISIBLE_DEVICES=0,1 PORT=8012 MOE=marlin TP=2 EP=false CACHE=/tmp/cache-stock TAG=stock-tp2" \
-             "$sh CUDA_VISIBLE_DEVICES=0,1 PORT=8013 MOE=triton_w4a16 TP=2 EP=true CACHE=/tmp/cache-ours TAG=ours-ep"; do
-        [ "$(tag "$s")" = ours-ep ] && { time_left ep || return; }
+    for t in "$@"; do
+        s="$sh $(seq_server "$t")"
+        [ "$name" = seq ] && [ "$t" = ours-ep ] && { time_left ep || return; }
         up "$s"
-        is_ready "$s" && { log "measure $(tag "$s")"; measure "$s" 1; }
+        if is_ready "$s"; then
+            for r in $(seq 1 "$runs"); do
+                if [ "$r" -gt 1 ] && [ $(( DEADLINE - $(date +%s) )) -lt "${MEASURE_S:-300}" ]; then
+                    log "skip $t round $r: under ${MEASURE_S:-300} s (MEASURE_S) to the deadline"; continue
+                fi
+                if [ "$runs" = 1 ]; then log "measure $t"; else log "measure $t round $r"; fi
+                measure "$s" "$r"
+            done
+        fi
         nvidia-smi --query-gpu=index,memory.used --format=csv,noheader >> "$OUT/pairs.log"
         down "$s"
         gpus_released
     done
-    log "phase seq done"
+    log "phase $name done"
 }
 
 log "start: phases '$PHASES', deadline in $(( DEADLINE - $(date +%s) )) s"
@@ -155,7 +172,8 @@ for p in $PHASES; do
     tp2) pair tp2 false ;;
     ep) pair ep true ;;
     both) both ;;
-    seq) phase_seq ;;
+    seq) phase_seq seq 1 ours-tp2 stock-tp2 ours-ep ;;
+    seqep) phase_seq seqep 2 ours-ep stock-ep; ratios ep ;;
     tp4)
         # the MTP draft makes every decode step 1 + 2 tokens a sequence: vLLM rounds CUDA-graph sizes up to
         # multiples of 3 and drops those past the largest, so batches 1/32/256 are captured as 3/96/768 tokens
@@ -211,7 +229,7 @@ for p in $PHASES; do
         python3 bench/dsv4_flash_run.py compare "$OUT/stock-ref-r1.json" "$OUT/ours-ref-r1.json" >> "$OUT/pairs.log" 2>&1
         log "phase ref done"
         ;;
-    *) log "unknown phase $p (valid: tp2 ep both seq tp4 ref)" ;;
+    *) log "unknown phase $p (valid: tp2 ep both seq seqep tp4 ref)" ;;
     esac
 done
 log "all done"

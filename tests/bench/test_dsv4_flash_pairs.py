@@ -186,3 +186,34 @@ def test_seq_runs_ours_stock_then_ours_ep_in_turn_on_one_gpu_pair(tmp_path):
     r, flash, _ = _run_pairs(tmp_path / "late", "seq", PHASE_S="99999")
     log = (flash / "pairs.log").read_text()
     assert "skip seq" in log and not list(flash.glob("*.json"))   # the whole phase needs PHASE_S too
+
+
+@pytest.mark.skipif(shutil.which("setsid") is None, reason="needs setsid (util-linux)")
+def test_seqep_measures_ours_ep_then_stock_ep_twice_each_and_compares_them(tmp_path):
+    """Phase seqep (a two-GPU host): ours with EP, then stock with EP, one at a time on GPUs 0,1, two client
+    runs each (a second only while MEASURE_S is left), then ours against stock round by round."""
+    r, flash, device_out = _run_pairs(tmp_path, "seqep", SEQ_SHARED_CACHES="1")
+    log = (flash / "pairs.log").read_text()
+    assert r.returncode == 0, r.stderr + log
+    assert list(device_out.iterdir()) == []
+    events = [(line.split("] ", 1)[1] if "] " in line else line).split(" (pid")[0] for line in log.splitlines()
+              if "] measure " in line or ": started (pid" in line]
+    assert events == ["ours-ep: started", "measure ours-ep round 1", "measure ours-ep round 2",
+                      "stock-ep: started", "measure stock-ep round 1", "measure stock-ep round 2"], events
+    ours, stock = ((flash / f"{t}.serve.log").read_text() for t in ("ours-ep", "stock-ep"))
+    for text in (ours, stock):
+        assert "engine.ep=true" in text and "engine.tp=2" in text and "| GPUs 0,1 " in text
+        assert "| tilelang /tmp/cache-tl " in text and "| dg /tmp/cache-dg " in text
+    assert "backend.moe=triton_w4a16" in ours and "backend.moe=marlin" in stock
+    assert "engine.port=8013" in ours and "engine.port=8014" in stock
+    assert "ours/stock, ep, round 1" in log and "ours/stock, ep, round 2" in log
+    assert sorted(p.name for p in flash.glob("*.json")) == [
+        "ours-ep-r1.json", "ours-ep-r2.json", "stock-ep-r1.json", "stock-ep-r2.json"]
+    assert "phase seqep done" in log and "all done" in log
+
+    r, flash, _ = _run_pairs(tmp_path / "late", "seqep", PHASE_S="10", MEASURE_S="100000")
+    log = (flash / "pairs.log").read_text()
+    assert "skip ours-ep round 2" in log and "skip stock-ep round 2" in log
+    assert sorted(p.name for p in flash.glob("*.json")) == ["ours-ep-r1.json", "stock-ep-r1.json"]
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert str(flash / "runs") not in ps

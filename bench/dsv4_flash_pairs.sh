@@ -18,6 +18,8 @@
 #   seqep a two-GPU host (GPUs 0,1): ours with engine.tp=2 engine.ep=true, started cold and measured twice (the
 #         second client run while MEASURE_S is left), stopped; then stock with the same settings, the same way;
 #         then ours against stock, round by round. Caches as in seq (SEQ_SHARED_CACHES=1: say so with the figures)
+#         PROFILE=1 (seq, seqep): each server also runs one 2k-token prefill inside vLLM's torch profiler after its
+#         client runs; every rank's CUDA-time table goes to $FLASH_OUT/prof/<tag>/ and into pairs.log
 #   tp4   ours alone on GPUs 0-3: TP4 + EP with the MTP draft, batches 1, 32, 256 (CUDA graphs at TP4_CAPTURE tokens,
 #         default 3,24,96,384,768: a batch's sequences x 3); if it never answers, once more without the draft
 #   ref   who is right where ours and stock part: REF_LAYERS (default 8) layers, one GPU each, ours
@@ -138,7 +140,9 @@ seq_server() {   # $1 a tag (ours-tp2 stock-tp2 ours-ep stock-ep): that server's
     local who=${1%%-*} phase=${1#*-} moe=triton_w4a16 ep=false port=8011
     [ "$who" = stock ] && moe=marlin port=8012
     [ "$phase" = ep ] && ep=true port=$(( port + 2 ))
-    echo "CUDA_VISIBLE_DEVICES=0,1 PORT=$port MOE=$moe TP=2 EP=$ep CACHE=/tmp/cache-$who TAG=$1"
+    local prof=
+    [ "${PROFILE:-0}" = 1 ] && prof="PROFILE_DIR=$OUT/prof/$1 "
+    echo "${prof}CUDA_VISIBLE_DEVICES=0,1 PORT=$port MOE=$moe TP=2 EP=$ep CACHE=/tmp/cache-$who TAG=$1"
 }
 
 phase_seq() {   # $1 the phase's name, $2 client runs a server (the second while MEASURE_S is left), then tags
@@ -157,6 +161,9 @@ phase_seq() {   # $1 the phase's name, $2 client runs a server (the second while
                 if [ "$runs" = 1 ]; then log "measure $t"; else log "measure $t round $r"; fi
                 measure "$s" "$r"
             done
+            # each rank's kernels in one 2k prefill (PROFILE=1: the server started with vLLM's profiler)
+            [ "${PROFILE:-0}" = 1 ] && { log "profile $t"; env $s ACTION=profile bash "$S" >> "$OUT/pairs.log" 2>&1 ||
+                                          log "profile failed: $t"; }
         fi
         nvidia-smi --query-gpu=index,memory.used --format=csv,noheader >> "$OUT/pairs.log"
         down "$s"

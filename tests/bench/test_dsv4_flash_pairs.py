@@ -20,6 +20,11 @@ with open(os.path.join(run_dir, "vllm_server.log"), "w") as f:
 print("args", *sys.argv[1:], "| GPUs", os.environ.get("CUDA_VISIBLE_DEVICES"),
       "| tilelang", os.environ.get("TILELANG_CACHE_DIR"), "| dg", os.environ.get("DG_JIT_CACHE_DIR"),
       "| warmup", os.environ.get("VLLM_DEEP_GEMM_WARMUP"), flush=True)
+for a in sys.argv:   # vLLM's profiler (PROFILE_DIR): a rank's table, as vLLM writes it at /stop_profile
+    if "torch_profiler_dir=" in a:
+        d = a.split("torch_profiler_dir=", 1)[1].split("'")[0]
+        os.makedirs(d, exist_ok=True)
+        open(os.path.join(d, "profiler_out_0.txt"), "w").write("Name  Self CUDA\nl1_swiglu_wgmma_kernel  1.0ms\n")
 signal.signal(signal.SIGINT, lambda *_: sys.exit(0))
 time.sleep(1)
 print("engine ready", flush=True)
@@ -31,6 +36,9 @@ FAKE_CLIENT = r'''
 import json, os, runpy, sys
 if sys.argv[1:2] in (["compare"], ["ratio"]):   # the real comparison, on the stand-in runs' JSON
     runpy.run_path(os.environ["REAL_CLIENT"], run_name="__main__")
+if sys.argv[1:2] == ["profile"]:
+    print("profiled one", sys.argv[4], "token prefill at", sys.argv[2], flush=True)
+    sys.exit(0)
 args = sys.argv[1:]
 out = args[args.index("--json") + 1]
 print("client", args[args.index("--base-url") + 1], flush=True)
@@ -210,6 +218,20 @@ def test_seqep_measures_ours_ep_then_stock_ep_twice_each_and_compares_them(tmp_p
     assert sorted(p.name for p in flash.glob("*.json")) == [
         "ours-ep-r1.json", "ours-ep-r2.json", "stock-ep-r1.json", "stock-ep-r2.json"]
     assert "phase seqep done" in log and "all done" in log
+
+    assert "profile" not in log   # only with PROFILE=1
+
+    r, flash, _ = _run_pairs(tmp_path / "prof", "seqep", PROFILE="1")
+    log = (flash / "pairs.log").read_text()
+    assert r.returncode == 0, r.stderr + log
+    events = [line.split("] ", 1)[1] for line in log.splitlines() if "] measure " in line or "] profile " in line]
+    assert events == ["measure ours-ep round 1", "measure ours-ep round 2", "profile ours-ep",
+                      "measure stock-ep round 1", "measure stock-ep round 2", "profile stock-ep"], events
+    for tag in ("ours-ep", "stock-ep"):
+        served = (flash / f"{tag}.serve.log").read_text()
+        assert f"--profiler-config.torch_profiler_dir={flash}/prof/{tag}" in served
+        assert f"== {tag} profiler_out_0.txt" in log
+    assert "profiled one 2048 token prefill at http://127.0.0.1:8013/v1" in log and "l1_swiglu_wgmma_kernel" in log
 
     r, flash, _ = _run_pairs(tmp_path / "late", "seqep", PHASE_S="10", MEASURE_S="100000")
     log = (flash / "pairs.log").read_text()

@@ -6,24 +6,34 @@ every chunk in turn: 20 launches captured in one CUDA graph, replayed 10 times p
 of the rounds, and whether the outputs equal the torch alignment's (``routing.align_by_expert``), bit
 for bit. Figures behind routing_triton.chunk_slots (bench/RESULTS.md, "the routing kernel's chunk").
 
-Usage (repo root, GPU host): PYTHONPATH=$PWD python3 bench/tools/routing_chunk_ab.py
+Usage (repo root, GPU host): PYTHONPATH=$PWD python3 bench/tools/routing_chunk_ab.py [--prefill]
+
+--prefill: around routing_triton.MAX_SLOTS (past it the forward takes the torch alignment) at a 2k-token prefill's
+12,288 slots and more, also under expert parallelism (128 local experts of 256: about half the ids -1), the kernel
+at CH 1024 against the torch alignment (captured in the same kind of graph). The question for MAX_SLOTS.
 """
 from __future__ import annotations
 
 import statistics
+import sys
 
 import torch
 
 LOADS = [(256, 6, 16), (256, 6, 64), (256, 48, 16), (256, 192, 16), (256, 768, 64), (256, 3072, 64),
          (256, 8190, 64), (64, 6, 16)]   # (experts, routed slots = tokens x top-6, block)
 CHUNKS = (1024, 512, 256, 128)
+# (local experts, routed slots, block, EP: top-6 over twice the experts, ids of the other half -1)
+PREFILL_LOADS = [(256, 8190, 64, False), (256, 12288, 64, False), (128, 12288, 64, True), (256, 16384, 64, False),
+                 (128, 24576, 64, True)]
 
 
-def routed_ids(experts: int, slots: int, device: str) -> torch.Tensor:
-    """Top-6 choices of slots // 6 tokens, six distinct experts a token, seed 0."""
+def routed_ids(experts: int, slots: int, device: str, ep: bool = False) -> torch.Tensor:
+    """Top-6 choices of slots // 6 tokens, six distinct experts a token, seed 0. ep: chosen among 2 x experts,
+    those past ``experts`` (another rank's) -1, as moe_method.local_routing hands them over."""
     g = torch.Generator(device=device).manual_seed(0)
-    return torch.stack([torch.randperm(experts, device=device, generator=g)[:6]
-                        for _ in range(slots // 6)]).to(torch.int32).reshape(-1)
+    among = 2 * experts if ep else experts
+    ids = torch.rand(slots // 6, among, device=device, generator=g).topk(6, dim=-1).indices.to(torch.int32)
+    return torch.where(ids < experts, ids, torch.full_like(ids, -1)).reshape(-1)
 
 
 def time_chunk(launch, flush: torch.Tensor) -> list[float]:
@@ -54,15 +64,19 @@ def main() -> int:
     from nvfp4stack.kernels.moe.hopper_w4a16.routing import align_by_expert, max_padded_slots
 
     dev = "cuda"
+    prefill = sys.argv[1:] == ["--prefill"]
     flush = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__)
-    for experts, slots, bm in LOADS:
-        ids = routed_ids(experts, slots, dev)
+    for experts, slots, bm, ep in (PREFILL_LOADS if prefill else [(*load, False) for load in LOADS]):
+        ids = routed_ids(experts, slots, dev, ep)
         ref = align_by_expert(ids.view(-1, 6), experts, bm)
         padded = max_padded_slots(slots, experts, bm)
         ep2 = max(16, 1 << (experts - 1).bit_length())
         cells = []
-        for ch in CHUNKS:
+        if prefill:   # the torch alignment, as the forward runs it past MAX_SLOTS
+            r = time_chunk(lambda: align_by_expert(ids.view(-1, 6), experts, bm), flush)
+            cells.append(f"torch: {statistics.median(r):.2f} us [{min(r):.2f}-{max(r):.2f}]")
+        for ch in ((1024,) if prefill else CHUNKS):
             s = torch.empty(padded, dtype=torch.int32, device=dev)
             e = torch.empty(padded // bm, dtype=torch.int32, device=dev)
             n = torch.empty(1, dtype=torch.int32, device=dev)
@@ -78,7 +92,8 @@ def main() -> int:
             r = time_chunk(launch, flush)
             cells.append(f"CH {ch}: {statistics.median(r):.2f} us [{min(r):.2f}-{max(r):.2f}] "
                          f"{'same bits' if same else 'MISMATCH'}")
-        print(f"experts {experts} slots {slots} block {bm}: " + " | ".join(cells), flush=True)
+        print(f"experts {experts} slots {slots}{' (EP, ' + str(int((ids >= 0).sum())) + ' local)' if ep else ''} "
+              f"block {bm}: " + " | ".join(cells), flush=True)
     return 0
 
 

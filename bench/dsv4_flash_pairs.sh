@@ -152,6 +152,7 @@ phase_seq() {   # $1 the phase's name, $2 client runs a server (the second while
     for t in "$@"; do
         s="$sh $(seq_server "$t")"
         [ "$name" = seq ] && [ "$t" = ours-ep ] && { time_left ep || return; }
+        [ "$name" = seqep ] && [ "$t" = stock-ep ] && { time_left stock-ep || return; }
         up "$s"
         if is_ready "$s"; then
             for r in $(seq 1 "$runs"); do
@@ -162,8 +163,14 @@ phase_seq() {   # $1 the phase's name, $2 client runs a server (the second while
                 measure "$s" "$r"
             done
             # each rank's kernels in one 2k prefill (PROFILE=1: the server started with vLLM's profiler)
-            [ "${PROFILE:-0}" = 1 ] && { log "profile $t"; env $s ACTION=profile bash "$S" >> "$OUT/pairs.log" 2>&1 ||
-                                          log "profile failed: $t"; }
+            if [ "${PROFILE:-0}" = 1 ]; then
+                if [ $(( DEADLINE - $(date +%s) )) -lt "${MEASURE_S:-300}" ]; then
+                    log "skip profile $t: under ${MEASURE_S:-300} s (MEASURE_S) to the deadline"
+                else
+                    log "profile $t"
+                    env $s ACTION=profile bash "$S" >> "$OUT/pairs.log" 2>&1 || log "profile failed: $t"
+                fi
+            fi
         fi
         nvidia-smi --query-gpu=index,memory.used --format=csv,noheader >> "$OUT/pairs.log"
         down "$s"
@@ -180,7 +187,8 @@ for p in $PHASES; do
     ep) pair ep true ;;
     both) both ;;
     seq) phase_seq seq 1 ours-tp2 stock-tp2 ours-ep ;;
-    seqep) phase_seq seqep 2 ours-ep stock-ep; ratios ep ;;
+    seqep) rm -f "$OUT"/ours-ep-r*.json "$OUT"/stock-ep-r*.json   # ratios compares this phase's runs only
+           phase_seq seqep 2 ours-ep stock-ep; ratios ep ;;
     tp4)
         # the MTP draft makes every decode step 1 + 2 tokens a sequence: vLLM rounds CUDA-graph sizes up to
         # multiples of 3 and drops those past the largest, so batches 1/32/256 are captured as 3/96/768 tokens

@@ -107,8 +107,10 @@ def profile_prefill(base: str, model: str, tokens: int) -> int:
 
     prefill_s(base, model, tokens, seed=-2)
     profiler("start")
-    took = prefill_s(base, model, tokens, seed=-3)
-    profiler("stop")
+    try:
+        took = prefill_s(base, model, tokens, seed=-3)
+    finally:
+        profiler("stop")
     print(f"profiled one {tokens}-token prefill: {1000 * took:.1f} ms under the profiler", flush=True)
     return 0
 

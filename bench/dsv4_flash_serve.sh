@@ -52,7 +52,13 @@ start() {
     local depth=() mtp=(engine.speculative.method=null) prof=()
     [ -n "$LAYERS" ] && depth=(model.num_layers="$LAYERS")
     # vLLM's torch profiler, idle until ACTION=profile: each rank's kernel table goes to $PROFILE_DIR
-    [ -n "${PROFILE_DIR:-}" ] && mkdir -p "$PROFILE_DIR" && prof=("engine.extra_args=['--profiler-config.profiler=torch','--profiler-config.torch_profiler_dir=$PROFILE_DIR','--profiler-config.torch_profiler_with_stack=false']")
+    if [ -n "${PROFILE_DIR:-}" ]; then
+        case $PROFILE_DIR in   # it goes into a quoted Hydra list element
+            *[\'\\\$\{\}\ ,]*) echo "dsv4_flash_serve.sh: PROFILE_DIR=$PROFILE_DIR: expected a path without quotes, backslashes, \$, braces, spaces or commas; pick another directory" >&2; return 2 ;;
+        esac
+        mkdir -p "$PROFILE_DIR" && rm -f "$PROFILE_DIR"/*profiler_out*.txt   # profile prints this server's tables only
+        prof=("engine.extra_args=['--profiler-config.profiler=torch','--profiler-config.torch_profiler_dir=$PROFILE_DIR','--profiler-config.torch_profiler_with_stack=false']")
+    fi
     [ "$MTP" = true ] && mtp=()
     date +%s > "$RUNS/$TAG.t0"
     setsid python3 main.py recipe=dsv4_flash_h200 "${depth[@]}" engine.tp="$TP" engine.ep="$EP" "${mtp[@]}" \
@@ -92,11 +98,14 @@ measure() {
 
 profile() {   # one 2k-token prefill (PREFILL) under vLLM's profiler: needs PROFILE_DIR at start too
     [ -n "${PROFILE_DIR:-}" ] || { echo "dsv4_flash_serve.sh: ACTION=profile needs PROFILE_DIR (also at start)" >&2; return 2; }
-    python3 bench/dsv4_flash_run.py profile "http://127.0.0.1:$PORT/v1" dsv4_flash "${PREFILL:-2048}" &&
-        for f in "$PROFILE_DIR"/*profiler_out*.txt; do   # vLLM 0.26: profiler_out_<rank>.txt; later: <worker>.profiler_out.txt
-            [ "$(wc -c < "$f" 2>/dev/null || echo 0)" -gt 1 ] &&
-                { echo "== $TAG $(basename "$f")"; head -${PROFILE_ROWS:-30} "$f" | cut -c1-240; }
-        done
+    python3 bench/dsv4_flash_run.py profile "http://127.0.0.1:$PORT/v1" dsv4_flash "${PREFILL:-2048}" || return 1
+    local f n=0
+    for f in "$PROFILE_DIR"/*profiler_out*.txt; do   # vLLM 0.26: profiler_out_<rank>.txt; later: <worker>.profiler_out.txt
+        [ -f "$f" ] && [ "$(wc -c < "$f")" -gt 1 ] || continue   # (the API server's own table is empty)
+        echo "== $TAG $(basename "$f")"; head -"${PROFILE_ROWS:-30}" "$f" | cut -c1-240
+        n=$(( n + 1 ))
+    done
+    [ "$n" -gt 0 ] || { echo "dsv4_flash_serve.sh: no profiler table in $PROFILE_DIR after /stop_profile" >&2; return 1; }
 }
 
 stop() {

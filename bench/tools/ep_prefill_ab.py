@@ -12,6 +12,9 @@ TP=2 without EP, while stock went from 95 to 91 ms. This times one Flash MoE lay
 and, per form, the CUDA kernels' time by name (torch.profiler, 3 calls), so a gap shows where it is. Eager calls
 (vLLM runs a 2k-token prefill outside the decode CUDA graphs) and CUDA-graph replays both.
 
+The W4A16 path throughout (mode="w4a16"): what the forward takes at 2,048 tokens (48 rows per expert, under the FP8
+prefill's 64); past about 2,730 tokens a plan with the FP8 prefill copy would switch, which this script does not model.
+
 Usage (repo root, GPU host with torch and Triton): python3 bench/tools/ep_prefill_ab.py [--tokens 2048]
 """
 from __future__ import annotations

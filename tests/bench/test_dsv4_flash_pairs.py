@@ -219,7 +219,7 @@ def test_seqep_measures_ours_ep_then_stock_ep_twice_each_and_compares_them(tmp_p
         "ours-ep-r1.json", "ours-ep-r2.json", "stock-ep-r1.json", "stock-ep-r2.json"]
     assert "phase seqep done" in log and "all done" in log
 
-    assert "profile" not in log   # only with PROFILE=1
+    assert "] profile " not in log   # only with PROFILE=1
 
     r, flash, _ = _run_pairs(tmp_path / "prof", "seqep", PROFILE="1")
     log = (flash / "pairs.log").read_text()
@@ -239,3 +239,20 @@ def test_seqep_measures_ours_ep_then_stock_ep_twice_each_and_compares_them(tmp_p
     assert sorted(p.name for p in flash.glob("*.json")) == ["ours-ep-r1.json", "stock-ep-r1.json"]
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert str(flash / "runs") not in ps
+
+
+def test_the_profile_override_reaches_engine_extra_args_through_hydra():
+    """dsv4_flash_serve.sh's PROFILE_DIR override, as the script writes it, composes into the engine's extra
+    arguments (the stand-in server above only sees the raw string)."""
+    import re
+
+    from nvfp4stack.cli import compose_config
+
+    script = (ROOT / "bench" / "dsv4_flash_serve.sh").read_text()
+    override = re.search(r'prof=\("(engine\.extra_args=\[.*?\])"\)', script).group(1)
+    cfg = compose_config("recipe=dsv4_flash_h200", "run_dir=/tmp/unused",
+                         override.replace("$PROFILE_DIR", "/tmp/flash/prof/ours-ep"))
+    assert list(cfg.engine.extra_args) == ["--profiler-config.profiler=torch",
+                                           "--profiler-config.torch_profiler_dir=/tmp/flash/prof/ours-ep",
+                                           "--profiler-config.torch_profiler_with_stack=false"]
+

@@ -97,15 +97,30 @@ def test_a_cell_whose_timed_rounds_saw_a_compile_is_marked(tmp_path):
 
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
+
+    def client(out, *extra):
+        return subprocess.run([sys.executable, str(SCRIPT), "--base-url", f"http://127.0.0.1:{srv.server_port}/v1",
+                               "--model", "m", "--json", str(out), "--batches", "8", "--rounds", "3",
+                               "--decode-tokens", "3", "--prefill-tokens", "16",
+                               "--compile-dirs", f"{tmp_path}/dg/cache,{tmp_path}/missing/*/kernels", *extra],
+                              capture_output=True, text=True, timeout=120)
     try:
         out = tmp_path / "run.json"
-        r = subprocess.run([sys.executable, str(SCRIPT), "--base-url", f"http://127.0.0.1:{srv.server_port}/v1",
-                            "--model", "m", "--json", str(out), "--batches", "8", "--rounds", "3",
-                            "--decode-tokens", "3", "--prefill-tokens", "16",
-                            "--compile-dirs", f"{tmp_path}/dg/cache,{tmp_path}/missing/*/kernels"],
-                           capture_output=True, text=True, timeout=120)
+        r = client(out, "--retimes", "0")
+        # the default: batch 8's rounds timed again once the kernel is in the cache
+        (cache / "kernel.sm90_fp8_gemm_1d2d.new").rmdir()
+        seen["decode"] = 0
+        again = tmp_path / "again.json"
+        r2 = client(again)
     finally:
         srv.shutdown()
+    assert r2.returncode == 0, r2.stderr
+    assert "decode batch 8: 1 compiled inside its timed rounds; timing it again (kernel.sm90_fp8_gemm_1d2d.new)" \
+        in r2.stdout and "NOT A MEASUREMENT" not in r2.stdout
+    res2 = json.loads(again.read_text())
+    assert [Path(p).name for p in res2["decode"]["8"]["retimed_after"]] == ["kernel.sm90_fp8_gemm_1d2d.new"]
+    assert res2["compiled"]["in_timed_rounds"]["decode batch 8"] == [] and "retimed_after" not in res2["prefill"]
+    assert len(res2["decode"]["8"]["rounds"]) == 3 and seen["decode"] == 8 + 3 * 8 * 2
     assert r.returncode == 0, r.stderr
     assert "compiled while this client ran: 1 cache entries" in r.stdout
     assert "NOT A MEASUREMENT: decode batch 8: 1 compiled inside its timed rounds (kernel.sm90_fp8_gemm_1d2d.new)" \

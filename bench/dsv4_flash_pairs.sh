@@ -18,8 +18,9 @@
 #   seqep a two-GPU host (GPUs 0,1): ours with engine.tp=2 engine.ep=true, started cold and measured twice (the
 #         second client run while MEASURE_S is left), stopped; then stock with the same settings, the same way;
 #         then ours against stock, round by round. Caches as in seq (SEQ_SHARED_CACHES=1: say so with the figures)
-#         PROFILE=1 (seq, seqep): each server also runs one 2k-token prefill inside vLLM's torch profiler after its
-#         client runs; every rank's CUDA-time table goes to $FLASH_OUT/prof/<tag>/ and into pairs.log
+#         PROFILE=1 (tp2, ep, seq, seqep, tp4): each server also runs one 2k-token prefill inside vLLM's torch profiler
+#         after its client runs (one server at a time); every rank's kernel table goes to $FLASH_OUT/prof/<tag>/ and
+#         into pairs.log
 #   tp4   ours alone on GPUs 0-3: TP4 + EP with the MTP draft, batches 1, 32, 256 (CUDA graphs at TP4_CAPTURE tokens,
 #         default 3,24,96,384,768: a batch's sequences x 3); if it never answers, once more without the draft
 #   ref   who is right where ours and stock part: REF_LAYERS (default 8) layers, one GPU each, ours
@@ -70,6 +71,19 @@ measure() {   # $1 a server's settings, $2 the round; more VAR=value words go to
     env $s "$@" ROUND="-r$r" ACTION=measure bash "$S" >> "$OUT/pairs.log" 2>&1 || log "client failed: $(tag "$s")"
 }
 
+prof_word() {   # PROFILE=1: the PROFILE_DIR word of server $1's settings (empty otherwise)
+    [ "${PROFILE:-0}" = 1 ] && echo "PROFILE_DIR=$OUT/prof/$1 "
+}
+
+profile() {   # PROFILE=1: one 2k prefill of server $1 (its settings) inside vLLM's profiler, while MEASURE_S is left
+    [ "${PROFILE:-0}" = 1 ] || return 0
+    if [ $(( DEADLINE - $(date +%s) )) -lt "${MEASURE_S:-300}" ]; then
+        log "skip profile $(tag "$1"): under ${MEASURE_S:-300} s (MEASURE_S) to the deadline"; return 0
+    fi
+    log "profile $(tag "$1")"
+    env $1 ACTION=profile bash "$S" >> "$OUT/pairs.log" 2>&1 || log "profile failed: $(tag "$1")"
+}
+
 ratios() {   # $1 phase: ours against stock, round by round, per cell (dsv4_flash_run.py ratio)
     local r
     for r in 1 2; do
@@ -82,8 +96,8 @@ ratios() {   # $1 phase: ours against stock, round by round, per cell (dsv4_flas
 pair() {   # $1 phase name, $2 EP
     local phase=$1 ep=$2 o who
     rm -f "$OUT/ours-$phase"-r*.json "$OUT/stock-$phase"-r*.json   # ratios compares this phase's runs only
-    local a="CUDA_VISIBLE_DEVICES=0,1 PORT=8011 MOE=triton_w4a16 TP=2 EP=$ep CACHE=/tmp/cache-ours TAG=ours-$phase"
-    local b="CUDA_VISIBLE_DEVICES=2,3 PORT=8012 MOE=marlin TP=2 EP=$ep CACHE=/tmp/cache-stock TAG=stock-$phase"
+    local a="$(prof_word ours-$phase)CUDA_VISIBLE_DEVICES=0,1 PORT=8011 MOE=triton_w4a16 TP=2 EP=$ep CACHE=/tmp/cache-ours TAG=ours-$phase"
+    local b="$(prof_word stock-$phase)CUDA_VISIBLE_DEVICES=2,3 PORT=8012 MOE=marlin TP=2 EP=$ep CACHE=/tmp/cache-stock TAG=stock-$phase"
     up "$a" "$b"
     local order=()
     is_ready "$a" && order+=("a 1")
@@ -97,6 +111,7 @@ pair() {   # $1 phase name, $2 EP
         log "measure $(tag "$who") round ${o#* }"
         measure "$who" "${o#* }"
     done
+    for who in "$a" "$b"; do is_ready "$who" && profile "$who"; done   # one at a time: neither competes
     nvidia-smi --query-gpu=index,memory.used --format=csv,noheader >> "$OUT/pairs.log"
     down "$a" "$b"
     ratios "$phase"
@@ -140,9 +155,7 @@ seq_server() {   # $1 a tag (ours-tp2 stock-tp2 ours-ep stock-ep): that server's
     local who=${1%%-*} phase=${1#*-} moe=triton_w4a16 ep=false port=8011
     [ "$who" = stock ] && moe=marlin port=8012
     [ "$phase" = ep ] && ep=true port=$(( port + 2 ))
-    local prof=
-    [ "${PROFILE:-0}" = 1 ] && prof="PROFILE_DIR=$OUT/prof/$1 "
-    echo "${prof}CUDA_VISIBLE_DEVICES=0,1 PORT=$port MOE=$moe TP=2 EP=$ep CACHE=/tmp/cache-$who TAG=$1"
+    echo "$(prof_word "$1")CUDA_VISIBLE_DEVICES=0,1 PORT=$port MOE=$moe TP=2 EP=$ep CACHE=/tmp/cache-$who TAG=$1"
 }
 
 phase_seq() {   # $1 the phase's name, $2 client runs a server (the second while MEASURE_S is left), then tags
@@ -162,15 +175,7 @@ phase_seq() {   # $1 the phase's name, $2 client runs a server (the second while
                 if [ "$runs" = 1 ]; then log "measure $t"; else log "measure $t round $r"; fi
                 measure "$s" "$r"
             done
-            # each rank's kernels in one 2k prefill (PROFILE=1: the server started with vLLM's profiler)
-            if [ "${PROFILE:-0}" = 1 ]; then
-                if [ $(( DEADLINE - $(date +%s) )) -lt "${MEASURE_S:-300}" ]; then
-                    log "skip profile $t: under ${MEASURE_S:-300} s (MEASURE_S) to the deadline"
-                else
-                    log "profile $t"
-                    env $s ACTION=profile bash "$S" >> "$OUT/pairs.log" 2>&1 || log "profile failed: $t"
-                fi
-            fi
+            profile "$s"
         fi
         nvidia-smi --query-gpu=index,memory.used --format=csv,noheader >> "$OUT/pairs.log"
         down "$s"
@@ -193,10 +198,11 @@ for p in $PHASES; do
         # the MTP draft makes every decode step 1 + 2 tokens a sequence: vLLM rounds CUDA-graph sizes up to
         # multiples of 3 and drops those past the largest, so batches 1/32/256 are captured as 3/96/768 tokens
         t="CUDA_VISIBLE_DEVICES=0,1,2,3 PORT=8013 MOE=triton_w4a16 TP=4 EP=true"
-        m="$t CAPTURE=${TP4_CAPTURE:-3,24,96,384,768} MTP=true CACHE=/tmp/cache-ours TAG=ours-tp4"
+        m="$(prof_word ours-tp4)$t CAPTURE=${TP4_CAPTURE:-3,24,96,384,768} MTP=true CACHE=/tmp/cache-ours TAG=ours-tp4"
         up "$m"
         if is_ready "$m"; then
             measure "$m" 1 BATCHES=1,32,256
+            profile "$m"
             grep -E "SpecDecoding metrics" "$RUNS/ours-tp4/vllm_server.log" | tail -3 | cut -c1-400 >> "$OUT/pairs.log"
             down "$m"
         else   # the draft is what TP4 + EP adds to the measured TP=2 runs: without it, still TP4 + EP

@@ -241,6 +241,20 @@ def test_seqep_measures_ours_ep_then_stock_ep_twice_each_and_compares_them(tmp_p
     assert str(flash / "runs") not in ps
 
 
+@pytest.mark.skipif(shutil.which("setsid") is None, reason="needs setsid (util-linux)")
+def test_a_pair_with_profile_profiles_each_server_after_the_rounds(tmp_path):
+    """PROFILE=1 in a side-by-side phase: both servers start with vLLM's profiler; after the four client runs
+    each one profiles a prefill in turn (never both at once), and its rank tables land in pairs.log."""
+    r, flash, _ = _run_pairs(tmp_path, "ep", PROFILE="1")
+    log = (flash / "pairs.log").read_text()
+    assert r.returncode == 0, r.stderr + log
+    events = [line.split("] ", 1)[1] for line in log.splitlines() if "] measure " in line or "] profile " in line]
+    assert events == ["measure ours-ep round 1", "measure stock-ep round 1", "measure stock-ep round 2",
+                      "measure ours-ep round 2", "profile ours-ep", "profile stock-ep"], events
+    assert "== ours-ep profiler_out_0.txt" in log and "== stock-ep profiler_out_0.txt" in log
+    assert f"--profiler-config.torch_profiler_dir={flash}/prof/stock-ep" in (flash / "stock-ep.serve.log").read_text()
+
+
 def test_the_profile_override_reaches_engine_extra_args_through_hydra():
     """dsv4_flash_serve.sh's PROFILE_DIR override, as the script writes it, composes into the engine's extra
     arguments (the stand-in server above only sees the raw string)."""

@@ -47,6 +47,15 @@ time_left() {
     [ $(( DEADLINE - $(date +%s) )) -ge "${PHASE_S:-600}" ] || { log "skip $1: under ${PHASE_S:-600} s to the deadline"; return 1; }
 }
 
+measure_left() {   # $1 what comes next (a client run, a profile): it goes on while MEASURE_S is left
+    [ $(( DEADLINE - $(date +%s) )) -ge "${MEASURE_S:-300}" ] ||
+        { log "skip $1: under ${MEASURE_S:-300} s (MEASURE_S) to the deadline"; return 1; }
+}
+
+clear_runs() {   # $1 a phase: its earlier client runs' JSON gone, so that ratios compares this phase's runs only
+    rm -f "$OUT/ours-$1"-r*.json "$OUT/stock-$1"-r*.json
+}
+
 tag() { echo "${1##*TAG=}"; }   # TAG= is the last word of a server's settings
 
 up() {   # start every server given, wait for all of them together; READY: the settings of those that answer
@@ -77,9 +86,7 @@ prof_word() {   # PROFILE=1: the PROFILE_DIR word of server $1's settings (empty
 
 profile() {   # PROFILE=1: one 2k prefill of server $1 (its settings) inside vLLM's profiler, while MEASURE_S is left
     [ "${PROFILE:-0}" = 1 ] || return 0
-    if [ $(( DEADLINE - $(date +%s) )) -lt "${MEASURE_S:-300}" ]; then
-        log "skip profile $(tag "$1"): under ${MEASURE_S:-300} s (MEASURE_S) to the deadline"; return 0
-    fi
+    measure_left "profile $(tag "$1")" || return 0
     log "profile $(tag "$1")"
     env $1 ACTION=profile bash "$S" >> "$OUT/pairs.log" 2>&1 || log "profile failed: $(tag "$1")"
 }
@@ -95,7 +102,7 @@ ratios() {   # $1 phase: ours against stock, round by round, per cell (dsv4_flas
 
 pair() {   # $1 phase name, $2 EP
     local phase=$1 ep=$2 o who
-    rm -f "$OUT/ours-$phase"-r*.json "$OUT/stock-$phase"-r*.json   # ratios compares this phase's runs only
+    clear_runs "$phase"
     local a="$(prof_word ours-$phase)CUDA_VISIBLE_DEVICES=0,1 PORT=8011 MOE=triton_w4a16 TP=2 EP=$ep CACHE=/tmp/cache-ours TAG=ours-$phase"
     local b="$(prof_word stock-$phase)CUDA_VISIBLE_DEVICES=2,3 PORT=8012 MOE=marlin TP=2 EP=$ep CACHE=/tmp/cache-stock TAG=stock-$phase"
     up "$a" "$b"
@@ -105,9 +112,7 @@ pair() {   # $1 phase name, $2 EP
     is_ready "$a" && order+=("a 2")
     for o in "${order[@]}"; do
         who=$a; [ "${o% *}" = b ] && who=$b
-        if [ "${o#* }" = 2 ] && [ $(( DEADLINE - $(date +%s) )) -lt "${MEASURE_S:-300}" ]; then
-            log "skip $(tag "$who") round 2: under ${MEASURE_S:-300} s (MEASURE_S) to the deadline"; continue
-        fi
+        [ "${o#* }" = 2 ] && ! measure_left "$(tag "$who") round 2" && continue
         log "measure $(tag "$who") round ${o#* }"
         measure "$who" "${o#* }"
     done
@@ -169,9 +174,7 @@ phase_seq() {   # $1 the phase's name, $2 client runs a server (the second while
         up "$s"
         if is_ready "$s"; then
             for r in $(seq 1 "$runs"); do
-                if [ "$r" -gt 1 ] && [ $(( DEADLINE - $(date +%s) )) -lt "${MEASURE_S:-300}" ]; then
-                    log "skip $t round $r: under ${MEASURE_S:-300} s (MEASURE_S) to the deadline"; continue
-                fi
+                [ "$r" -gt 1 ] && ! measure_left "$t round $r" && continue
                 if [ "$runs" = 1 ]; then log "measure $t"; else log "measure $t round $r"; fi
                 measure "$s" "$r"
             done
@@ -192,8 +195,7 @@ for p in $PHASES; do
     ep) pair ep true ;;
     both) both ;;
     seq) phase_seq seq 1 ours-tp2 stock-tp2 ours-ep ;;
-    seqep) rm -f "$OUT"/ours-ep-r*.json "$OUT"/stock-ep-r*.json   # ratios compares this phase's runs only
-           phase_seq seqep 2 ours-ep stock-ep; ratios ep ;;
+    seqep) clear_runs ep; phase_seq seqep 2 ours-ep stock-ep; ratios ep ;;
     tp4)
         # the MTP draft makes every decode step 1 + 2 tokens a sequence: vLLM rounds CUDA-graph sizes up to
         # multiples of 3 and drops those past the largest, so batches 1/32/256 are captured as 3/96/768 tokens

@@ -32,8 +32,9 @@ def routed_ids(experts: int, slots: int, device: str, ep: bool = False) -> torch
     those past ``experts`` (another rank's) -1, as moe_method.local_routing hands them over."""
     g = torch.Generator(device=device).manual_seed(0)
     among = 2 * experts if ep else experts
-    ids = torch.rand(slots // 6, among, device=device, generator=g).topk(6, dim=-1).indices.to(torch.int32)
-    return torch.where(ids < experts, ids, torch.full_like(ids, -1)).reshape(-1)
+    ids = torch.stack([torch.randperm(among, device=device, generator=g)[:6]
+                       for _ in range(slots // 6)]).to(torch.int32).reshape(-1)
+    return torch.where(ids < experts, ids, torch.full_like(ids, -1)) if ep else ids
 
 
 def time_chunk(launch, flush: torch.Tensor) -> list[float]:

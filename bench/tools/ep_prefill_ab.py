@@ -15,7 +15,7 @@ and, per form, the CUDA kernels' time by name (torch.profiler, 3 calls), so a ga
 The W4A16 path throughout (mode="w4a16"): what the forward takes at 2,048 tokens (48 rows per expert, under the FP8
 prefill's 64); past about 2,730 tokens a plan with the FP8 prefill copy would switch, which this script does not model.
 
-Usage (repo root, GPU host with torch and Triton): python3 bench/tools/ep_prefill_ab.py [--tokens 2048]
+Usage (repo root, GPU host with torch and Triton): python3 bench/tools/ep_prefill_ab.py [--tokens 2048] [--max-slots N]
 """
 from __future__ import annotations
 
@@ -47,7 +47,13 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--tokens", type=int, default=2048)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-slots", type=int, default=None,
+                   help="routing_triton.MAX_SLOTS for this run (the Triton routing up to it, torch past it)")
     a = p.parse_args()
+    if a.max_slots is not None:
+        from nvfp4stack.kernels.moe.hopper_w4a16 import routing_triton
+
+        routing_triton.MAX_SLOTS = a.max_slots
     if not torch.cuda.is_available():
         print("ep_prefill_ab: needs a CUDA GPU")
         return 2

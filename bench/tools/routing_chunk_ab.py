@@ -24,11 +24,12 @@ LOADS = [(256, 6, 16), (256, 6, 64), (256, 48, 16), (256, 192, 16), (256, 768, 6
 CHUNKS = (1024, 512, 256, 128)
 # (local experts, routed slots, block, EP: top-6 over twice the experts, ids of the other half -1)
 PREFILL_LOADS = [(256, 8190, 64, False), (256, 12288, 64, False), (128, 12288, 64, True), (256, 16384, 64, False),
-                 (128, 24576, 64, True)]
+                 (128, 24576, 64, True), (256, 32766, 64, False), (128, 32766, 64, True), (256, 49152, 64, False),
+                 (256, 98304, 64, False)]
 
 
 def routed_ids(experts: int, slots: int, device: str, ep: bool = False) -> torch.Tensor:
-    """Top-6 choices of slots // 6 tokens, six distinct experts a token, seed 0. ep: chosen among 2 x experts,
+    """Top-6 choices of slots // 6 tokens (slots // 6 * 6 ids), six distinct experts a token, seed 0. ep: chosen among 2 x experts,
     those past ``experts`` (another rank's) -1, as moe_method.local_routing hands them over."""
     g = torch.Generator(device=device).manual_seed(0)
     among = 2 * experts if ep else experts
@@ -70,6 +71,7 @@ def main() -> int:
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__)
     for experts, slots, bm, ep in (PREFILL_LOADS if prefill else [(*load, False) for load in LOADS]):
         ids = routed_ids(experts, slots, dev, ep)
+        slots = ids.numel()  # slots // 6 * 6: the kernel must be told the ids it has (16384 gave 16380 ids)
         ref = align_by_expert(ids.view(-1, 6), experts, bm)
         padded = max_padded_slots(slots, experts, bm)
         ep2 = max(16, 1 << (experts - 1).bit_length())

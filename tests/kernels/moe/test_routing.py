@@ -8,6 +8,7 @@ from nvfp4stack.kernels.moe.hopper_w4a16.routing import (
     align_by_expert,
     align_split,
     max_padded_slots,
+    one_token_routing,
     split_padded_slots,
 )
 
@@ -159,3 +160,35 @@ def test_triton_alignment_matches_torch():
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     print(r.stdout[-2000:], r.stderr[-2000:])
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+
+
+def _block_pairs(r) -> set[tuple[int, int]]:
+    """(expert, slot) of every routed slot the kernels compute: blocks whose expert is not negative and that lie
+    before num_padded, their slots below the sentinel."""
+    pairs = set()
+    for b, e in enumerate(r.expert_ids.tolist()):
+        if e < 0 or b * r.block_m >= int(r.num_padded):
+            continue
+        pairs |= {(e, s) for s in r.sorted_ids[b * r.block_m:(b + 1) * r.block_m].tolist() if s < r.num_slots}
+    return pairs
+
+
+@pytest.mark.parametrize("ep", [False, True])
+@pytest.mark.parametrize("top_k,experts,block_m", [(6, 256, 8), (8, 128, 16), (1, 4, 8), (6, 48, 32)])
+def test_one_token_routing_computes_the_same_slots(top_k, experts, block_m, ep):
+    """One token's routing without a sort: every slot is a block of its own (the expert its id, a view of int32
+    ids), and the kernels compute the same (expert, slot) pairs as align_by_expert's blocks; under EP the -1
+    slots are in no computed block. Its buffers are what the kernels index: top_k blocks of block_m."""
+    g = torch.Generator().manual_seed(_seed())
+    ids = torch.randperm(experts, generator=g)[:top_k].to(torch.int32).view(1, top_k)
+    if ep:
+        ids = _other_ranks(ids, g)
+    r = one_token_routing(ids, block_m)
+    assert _block_pairs(r) == _block_pairs(align_by_expert(ids, experts, block_m))
+    assert _block_pairs(r) == {(int(e), s) for s, e in enumerate(ids[0].tolist()) if e >= 0}
+    assert r.expert_ids.data_ptr() == ids.data_ptr() and r.grid_blocks == top_k == r.num_slots
+    assert r.sorted_ids.shape == (top_k * block_m,) and r.sorted_ids.dtype == torch.int32
+    assert int(r.num_padded) == top_k * block_m
+    assert one_token_routing(ids.long(), block_m).expert_ids.dtype == torch.int32
+    with pytest.raises(ValueError, match=r"one token's \[1, top_k\] expert ids, found shape \(2, 6\)"):
+        one_token_routing(torch.zeros(2, 6, dtype=torch.int32), block_m)

@@ -210,34 +210,6 @@ def test_split_k_config_is_checked():
             DecodeConfig(**{**dict(block_t=16, mrep=1, block_k=128, num_warps=4, prefetch=1), **bad})
 
 
-
-def test_split_workspace_counts_are_made_outside_capture(monkeypatch):
-    """_decode_gluon.split_workspace on the host (CPU tensors stand in for the device's): one zeroed count
-    per tile, made once per device and grown with the outgrown buffer kept alive; the placeholder of unsplit
-    tiles made once; a first request inside CUDA-graph capture refused with the fix named."""
-    pytest.importorskip("triton.experimental.gluon.language.nvidia.ampere")
-    from nvfp4stack.kernels.moe.hopper_w4a16 import _decode_gluon as dg
-    from nvfp4stack.kernels.moe.hopper_w4a16.tile_choice import DecodeConfig
-
-    monkeypatch.setattr(dg, "_COUNTS", {})
-    monkeypatch.setattr(dg, "_OUTGROWN", [])
-    split, whole = DecodeConfig(8, 1, 256, 8, 0, split_k=2), DecodeConfig(8, 1, 256, 8, 0)
-    cpu = torch.device("cpu")
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
-    with pytest.raises(RuntimeError, match=r"192 zeroed tile counters.*inside CUDA-graph capture.*outside capture first"):
-        dg.split_workspace(split, 192, cpu)
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    ws, counts = dg.split_workspace(split, 192, cpu)
-    assert ws.dtype == torch.float32 and ws.numel() == 192 * 2 * split.rows * split.block_t
-    assert counts.dtype == torch.int32 and counts.numel() == 4096 and int(counts.abs().sum()) == 0
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)  # made: capture may use it
-    assert dg.split_workspace(split, 100, cpu)[1] is counts
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    grown = dg.split_workspace(split, 5000, cpu)[1]
-    assert grown.numel() == 5000 and dg._OUTGROWN == [counts]
-    stub = dg.split_workspace(whole, 192, cpu)
-    assert stub[0] is stub[1] and stub[0] is dg.split_workspace(whole, 10, cpu)[0]
-
 @gpu
 @pytest.mark.gpu
 def test_every_tile_config_small_ragged():
@@ -375,7 +347,7 @@ def test_split_k_in_cuda_graph_and_repeated_calls():
     """Split-K decode tiles (the per-tile counts of L1's runs) inside a captured CUDA graph: replays with new
     inputs equal the eager call bit for bit, repeated calls give the same bits, every count is back to
     zero after."""
-    from nvfp4stack.kernels.moe.hopper_w4a16 import _decode_gluon
+    from nvfp4stack.kernels.moe.hopper_w4a16 import decode_buffers
     from nvfp4stack.kernels.moe.hopper_w4a16.fused_moe import DecodeConfig, decode_available, nvfp4_moe_forward_triton
 
     if not decode_available(torch.device("cuda")):
@@ -396,7 +368,7 @@ def test_split_k_in_cuda_graph_and_repeated_calls():
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, run())
-    assert int(_decode_gluon._COUNTS[str(x.device)].abs().sum()) == 0
+    assert int(decode_buffers._COUNTS[str(x.device)].abs().sum()) == 0
 
 @gpu
 @pytest.mark.gpu

@@ -3,7 +3,7 @@
 CPU: the regime boundaries for real shapes, worked out by hand from the tile heuristics
 (rows/expert = tokens * top_k / experts; decode tiles: few-row T8 < 2 <= T16 ring <= 10 < split ring <= 16 < T32 <= 32;
 Triton tiles <= 32, <= 160, FP8 from 64 when its weights exist, Triton routing in 256-id chunks up to 256 slots,
-1024-id chunks up to 8192 slots, torch past them).
+1024-id chunks up to 49,152 slots, torch past them).
 GPU: after warm_up, forwards at other token counts compile nothing (Triton's jit_cache_hook
 counts every in-memory cache miss) and still match the fp32 twin.
 """
@@ -19,24 +19,25 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU
 
 @pytest.mark.parametrize("decode,fp8,expected", [
     # Flash EP shape: 64 local experts, top-6, 4096 x 2048
-    # few-row T8 | 16-token ring | ..., 1024-id routing chunks (258 slots) | split ring | FP8 | FP8, torch routing
-    (True, True, [1, 6, 43, 54, 683, 1366]),
-    (True, False, [1, 6, 43, 54, 683, 1366, 1707]),  # ... | split ring | 64-row | 64-row, torch routing | 128-row
-    (False, False, [1, 43, 171, 342, 1366, 1707]),  # no decode kernels: one 16-row Triton tile to 16 rows
+    # one token (no routing launch, L2's top-k sum) | few-row T8 | 16-token ring | ..., 1024-id routing chunks
+    # (258 slots) | split ring | FP8 | FP8, torch routing (past 49,152 slots)
+    (True, True, [1, 2, 6, 43, 54, 683, 8193]),
+    (True, False, [1, 2, 6, 43, 54, 683, 1707, 8193]),  # ... | split ring | 64-row | 128-row | 128-row, torch routing
+    (False, False, [1, 43, 171, 342, 1707, 8193]),  # no decode kernels: one 16-row Triton tile to 16 rows
 ])
 def test_flash_shape_boundaries(decode, fp8, expected):
-    counts = wu.warmup_token_counts(6, 64, 4096, 2048, 8192, decode=decode, has_fp8=fp8)
+    counts = wu.warmup_token_counts(6, 64, 4096, 2048, 16384, decode=decode, has_fp8=fp8)
     assert counts == expected
 
 
 def test_expert_parallel_boundaries():
     """EP 8 (64 of 512 experts here, ids global): rows per expert count over the 512, so every tile
-    boundary sits at 8x the tokens; the routing still switches to torch past 8192 slots."""
-    local = wu.warmup_token_counts(6, 64, 4096, 2048, 8192, decode=True, has_fp8=False)
-    ep = wu.warmup_token_counts(6, 64, 4096, 2048, 8192, decode=True, has_fp8=False, routed_experts=512)
-    # FEW | 16-token ring (and 1024-id routing chunks: 258 slots) | split ring | split ring, torch routing | 64-row
-    # Triton tile
-    assert ep == [1, 43, 427, 1366, 5462] and local[:4] == [1, 6, 43, 54]
+    boundary sits at 8x the tokens; the routing still switches to torch past 49,152 slots."""
+    local = wu.warmup_token_counts(6, 64, 4096, 2048, 16384, decode=True, has_fp8=False)
+    ep = wu.warmup_token_counts(6, 64, 4096, 2048, 16384, decode=True, has_fp8=False, routed_experts=512)
+    # one token | FEW | 16-token ring (and 1024-id routing chunks: 258 slots) | split ring | 64-row Triton tile
+    # (64.01 rows over the 512) | torch routing (49,158 slots) | the next Triton tile (past 160 rows)
+    assert ep == [1, 2, 43, 427, 5462, 8193, 13654] and local[:5] == [1, 2, 6, 43, 54]
 
 
 def test_budget_cuts_the_list_and_every_count_has_its_own_key():
@@ -131,10 +132,11 @@ def test_nothing_compiles_after_warm_up():
 
 def test_split_k_tiles_have_their_own_warmup_counts():
     """On a 132-SM GPU one token at Flash 256 experts runs split-K tiles (192 CTAs per GEMM unsplit), two
-    tokens the unsplit pair: each is a key of its own, so both are compiled at load."""
+    tokens the unsplit pair: each is a key of its own, so both are compiled at load. One token also skips the
+    routing launch and sums its top-k rows in L2 (its own L2 binary), where the unsplit tiles of 2 tokens do not."""
     counts = wu.warmup_token_counts(6, 256, 4096, 2048, 64, decode=True, has_fp8=False, sm_count=132)
     one, two = (wu.launch_key(t, 6, 256, 4096, 2048, decode=True, has_fp8=False, sm_count=132) for t in (1, 2))
     assert [c.split_k for c in one[0]] == [2, 2] and [c.split_k for c in two[0]] == [1, 1]
-    assert counts[:2] == [1, 2]
+    assert one[1] == "one token" and two[1] == 256 and counts[:2] == [1, 2]
     unsplit = wu.launch_key(1, 6, 256, 4096, 2048, decode=True, has_fp8=False)  # no SM count: no split
     assert [c.split_k for c in unsplit[0]] == [1, 1]

@@ -104,3 +104,46 @@ def _l2_epilogue(acc, gs_ptr, expert, topk_w_ptr, out_ptr, stride_om, stride_os,
         gl.store(o_ptrs, y.to(gl.bfloat16), mask=gl.expand_dims(valid, 0))
     else:
         gl.store(o_ptrs + gl.program_id(2).to(gl.int64) * stride_os, y, mask=gl.expand_dims(valid, 0))
+
+
+@gluon.jit
+def _one_token_sum(rows_ptr, stride_om, stride_os, ids_ptr, top_k, sum_ptr, cnt_ptr, tile, n0,
+                   MMA: gl.constexpr, ROWS: gl.constexpr, SPLIT: gl.constexpr):
+    """The top-k sum of one token inside L2 (fused_moe's one-token routing: block j is slot j, ``ids`` the
+    token's expert ids). This run has stored its rows (_l2_epilogue); it counts itself in ``cnt[tile]``, and
+    the last of the token's live slots' runs to arrive adds every live slot's rows in topk_sum_kernel's
+    order (slot-major, the runs inside, fp32, negative ids' rows masked to 0.0: the same bits), stores the
+    token's output columns [n0, n0 + ROWS) and sets the count back to 0 for the next launch."""
+    live = _live_slots(ids_ptr, top_k)
+    _cta_barrier()  # every thread's rows are written before the count says so (release, below)
+    arrived = gl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+    if arrived == live * SPLIT - 1:
+        n_o = n0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, MMA))
+        acc = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, MMA))
+        for j in range(top_k):
+            mine = (n_o >= 0) & (gl.load(ids_ptr + j) >= 0)
+            row = rows_ptr + j * stride_om + n_o
+            for s in range(SPLIT):  # .cg: from L2, where the other SMs' stores are
+                acc += gl.load(row + s * stride_os, mask=mine, other=0.0, cache_modifier=".cg").to(gl.float32)
+        gl.store(sum_ptr + n_o, acc.to(sum_ptr.dtype.element_ty))
+        gl.store(cnt_ptr + tile, 0)
+
+
+@gluon.jit
+def _live_slots(ids_ptr, top_k):
+    """How many of one token's top-k expert ids are this rank's (not negative)."""
+    live = 0
+    for j in range(top_k):
+        live += (gl.load(ids_ptr + j) >= 0).to(gl.int32)
+    return live
+
+
+@gluon.jit
+def _one_token_zeros(ids_ptr, top_k, sum_ptr, n0, pid_m, MMA: gl.constexpr, ROWS: gl.constexpr):
+    """_one_token_sum where no slot of the token is this rank's (every block skipped, nothing to add): the
+    first block's first run stores the zeros topk_sum_kernel would."""
+    if pid_m == 0 and gl.program_id(2) == 0:
+        if _live_slots(ids_ptr, top_k) == 0:
+            n_o = n0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, MMA))
+            gl.store(sum_ptr + n_o, gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, MMA))
+                     .to(sum_ptr.dtype.element_ty))

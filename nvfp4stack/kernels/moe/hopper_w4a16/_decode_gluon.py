@@ -34,6 +34,8 @@ from nvfp4stack.kernels.moe.hopper_w4a16._decode_epilogue import (
     _block_tokens,
     _l1_epilogue,
     _l2_epilogue,
+    _one_token_sum,
+    _one_token_zeros,
     _split_sum,
 )
 
@@ -45,6 +47,7 @@ from nvfp4stack.kernels.moe.hopper_w4a16._triton_kernels import (
     _w_cols,
     _w_rows,
 )
+from nvfp4stack.kernels.moe.hopper_w4a16.decode_buffers import split_workspace, tile_counters
 
 _TWO_POW_118 = gl.constexpr(3.3230699894622794e35)
 
@@ -303,16 +306,19 @@ def l2_decode_kernel(
     a_ptr, stride_am, w_ptr, stride_we, stride_wn, s_ptr, stride_se, stride_sn, gs_ptr, topk_w_ptr,
     out_ptr, stride_om, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots, H, I,
     stride_os,  # split_k > 1: out is fp32 [SPLIT, slots, H] partials (the top-k sum adds them), this dim's stride
+    sum_ptr, sum_cnt_ptr, top_k,  # FUSE_SUM (one token): its output [1, H], int32 zeroed counts per n-tile
     MMA: gl.constexpr, W_BYTES: gl.constexpr, W_BLOCKS: gl.constexpr, X_L: gl.constexpr,
     ROWS: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, PREFETCH: gl.constexpr, W32_L: gl.constexpr,
-    TILED: gl.constexpr, SPLIT: gl.constexpr,
+    TILED: gl.constexpr, SPLIT: gl.constexpr, FUSE_SUM: gl.constexpr,
 ):
     # grid: (H // ROWS, token blocks, SPLIT K runs)
     pid_n, pid_m = gl.program_id(0), gl.program_id(1)
+    n0 = pid_n * ROWS
     expert = _block_expert(expert_ids_ptr, num_padded_ptr, pid_m, BT)
     if expert < 0:
+        if FUSE_SUM:
+            _one_token_zeros(expert_ids_ptr, top_k, sum_ptr, n0, pid_m, MMA, ROWS)
         return
-    n0 = pid_n * ROWS
 
     offs_t = pid_m * BT + gl.arange(0, BT, layout=gl.SliceLayout(1, X_L))
     # L1 wrote every row of this block (padding rows too): no token mask needed
@@ -324,13 +330,17 @@ def l2_decode_kernel(
                      PREFETCH, W32_L, TILED)
     _l2_epilogue(acc, gs_ptr, expert, topk_w_ptr, out_ptr, stride_om, stride_os, sorted_ids_ptr, num_slots, n0,
                  pid_m, MMA, ROWS, BT, SPLIT)
+    if FUSE_SUM:  # the top-k sum here, not in its own launch
+        _one_token_sum(out_ptr, stride_om, stride_os, expert_ids_ptr, top_k, sum_ptr, sum_cnt_ptr, pid_n, n0, MMA,
+                       ROWS, SPLIT)
 
 
 def launch(cfg1, cfg2, l1_args: tuple, l2_args: tuple, nblocks: int, inter: int, hidden: int,
-           limit: float, has_limit: bool, tiled: bool, rows_split_stride: int = 0) -> None:
+           limit: float, has_limit: bool, tiled: bool, rows_split_stride: int = 0, fused_sum=None) -> None:
     """Both GEMMs on (L1, L2) DecodeConfig tiles; args as fused_moe.nvfp4_moe_forward_triton builds them
     (``tiled``: the weights in tiles.py's layout; ``rows_split_stride``: the first-dim stride of the top-k
-    rows' fp32 partials where L2's split_k is over 1)."""
+    rows' fp32 partials where L2's split_k is over 1; ``fused_sum``: (out [1, H], top_k) where the routing
+    is one token's (routing.one_token_routing), whose top-k sum L2 then does itself)."""
     def layouts(c) -> dict:
         mma, w_bytes, w_blocks, x_l, extra = decode_layouts(c.num_warps, c.mrep, c.block_t, c.block_k, c.prefetch)
         return dict(MMA=mma, W_BYTES=w_bytes, W_BLOCKS=w_blocks, X_L=x_l, ROWS=c.rows, BT=c.block_t,
@@ -341,42 +351,8 @@ def launch(cfg1, cfg2, l1_args: tuple, l2_args: tuple, nblocks: int, inter: int,
     ws, counts = split_workspace(cfg1, n_tiles * nblocks, l1_args[0].device)
     l1_swiglu_decode_kernel[(n_tiles, nblocks, cfg1.split_k)](
         *l1_args, limit, ws, counts, HAS_LIMIT=has_limit, **layouts(cfg1))
-    l2_decode_kernel[(hidden // cfg2.rows, nblocks, cfg2.split_k)](*l2_args, rows_split_stride, **layouts(cfg2))
-
-
-_COUNTS: dict = {}
-_OUTGROWN: list = []
-
-
-def split_workspace(cfg, tiles: int, device) -> tuple:
-    """(fp32 workspace, int32 counts) for an L1 of split_k > 1 over ``tiles`` (n-tile, block) tiles.
-
-    The workspace is fresh (every run writes before the last reads). The counts persist per device, zero
-    between launches (each tile's last run sets its count back); one set serves every stream, as one
-    process runs one MoE layer at a time on a device (two split-K calls running at once on two streams
-    would share it). They are made, or grown, outside CUDA-graph capture only: a zero fill captured in a
-    graph would run at its first replay, after other calls had read the buffer. The forward's first call
-    (vLLM's warm-up and profile run, triton_w4a16's warm_up) makes them; an outgrown buffer is kept, as
-    graphs captured on it still use it. Where split_k is 1 the kernel reads neither: one placeholder,
-    made once per device (no allocation or launch per call)."""
-    import torch
-
-    if cfg.split_k == 1:
-        stub_key = ("stub", str(device))
-        if stub_key not in _COUNTS:
-            _COUNTS[stub_key] = torch.zeros(1, dtype=torch.int32, device=device)
-        return _COUNTS[stub_key], _COUNTS[stub_key]
-    key = str(device)
-    counts = _COUNTS.get(key)
-    if counts is None or counts.numel() < tiles:
-        if torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(
-                f"triton_w4a16: the split-K decode tiles ({cfg}) need {tiles} zeroed tile counters on {device}, "
-                f"first asked for inside CUDA-graph capture, where their zero fill would not run before the graph "
-                f"is replayed; run the MoE forward once at this token count outside capture first (vLLM's "
-                f"warm-up and nvfp4stack's hopper_w4a16.warmup.warm_up do)")
-        if counts is not None:  # a CUDA graph captured earlier may still launch on it: never freed
-            _OUTGROWN.append(counts)
-        counts = _COUNTS[key] = torch.zeros(max(tiles, 4096), dtype=torch.int32, device=device)
-    ws = torch.empty(tiles * cfg.split_k * cfg.rows * cfg.block_t, dtype=torch.float32, device=device)
-    return ws, counts
+    out, top_k = fused_sum or (counts, 0)
+    sum_counts = tile_counters(hidden // cfg2.rows, out.device, f"the one-token top-k sum ({cfg2})") if fused_sum \
+        else counts
+    l2_decode_kernel[(hidden // cfg2.rows, nblocks, cfg2.split_k)](
+        *l2_args, rows_split_stride, out, sum_counts, top_k, FUSE_SUM=fused_sum is not None, **layouts(cfg2))

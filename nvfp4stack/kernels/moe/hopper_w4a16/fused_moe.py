@@ -9,7 +9,9 @@ Decode loads (<= 64 routed rows per expert) on sm90 run Gluon kernels instead: b
 _decode_gluon.py (weights as the mma.sync M side, operands built in registers, no shared memory),
 from 0.5 rows the wgmma kernels of _decode_wgmma.py (weights, scales and token tiles through one
 cp.async ring; over 5 rows busy experts in bigger token blocks of their own launches, on a side
-stream); routing alignment is one Triton launch (routing_triton.py) up to 8192 slots.
+stream); routing alignment is one Triton launch (routing_triton.py) up to 49,152 slots. One token on the
+mma.sync tiles (``one_token_path``) launches L1 and L2 only: each slot its own routing block, no alignment
+(routing.one_token_routing), and the top-k sum done by L2's last run of each output tile.
 Prefill-heavy calls can instead run the FP8 tensor-core mode (fp8_prefill.py, ``mode``/``fp8_weights``).
 """
 from __future__ import annotations
@@ -20,7 +22,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from nvfp4stack.kernels.moe.hopper_w4a16 import tiles
-from nvfp4stack.kernels.moe.hopper_w4a16.routing_triton import align_routing, align_routing_split
+from nvfp4stack.kernels.moe.hopper_w4a16.routing_triton import (
+    align_routing,
+    align_routing_split,
+    one_token_routing_cached,
+)
 from nvfp4stack.kernels.moe.hopper_w4a16.tile_choice import (  # noqa: F401  (the tile choice, re-exported)
     CANDIDATES,
     DECODE_CANDIDATES,
@@ -140,8 +146,11 @@ def nvfp4_moe_forward_triton(
         raise ValueError(f"config: decode tiles {cfg1} / {cfg2} do not divide hidden {hidden}, inter {inter}")
     if decode and cfg1.big_t != cfg2.big_t:
         raise ValueError(f"config: L1 and L2 share the routing blocks, so also big_t, found {cfg1} and {cfg2}")
-    # one Triton launch instead of ~20 torch kernels where the slot count is decode-sized
-    if decode and cfg1.big_t:  # two routings, each run on its own launches of the same kernels
+    # one Triton launch instead of ~20 torch kernels where the slot count is decode-sized; none for one token
+    one = one_token_routing_cached(topk_ids, cfg1.block_m) if one_token_path(tokens, cfg1) else None
+    if one is not None:
+        parts = [(one, cfg1, cfg2)]
+    elif decode and cfg1.big_t:  # two routings, each run on its own launches of the same kernels
         small, big = align_routing_split(topk_ids, num_experts, cfg1.block_t, cfg1.big_t)
         parts = [(small, cfg1, cfg2), (big, replace(cfg1, block_t=cfg1.big_t, big_t=0),
                                        replace(cfg2, block_t=cfg2.big_t, big_t=0))]
@@ -184,6 +193,10 @@ def nvfp4_moe_forward_triton(
                    rows.stride(0), *ids, hidden, inter)
         launches.append((c1, c2, l1_args, l2_args, routing.grid_blocks, inter, hidden, limit, has_limit, tiled,
                          rows_all.stride(0)))
+    if one is not None:  # L2 sums the top-k rows into the output itself
+        out = torch.empty((1, hidden), dtype=out_dtype, device=x.device)
+        _launch_gemms(*launches[0], fused_sum=(out, top_k))
+        return out
     if len(launches) == 2 and SPLIT_STREAMS:
         # the two routings share nothing but x and disjoint rows of h / the top-k rows: the busy experts'
         # launches run on a side stream, next to the small experts' (forked from and joined to the
@@ -198,6 +211,17 @@ def nvfp4_moe_forward_triton(
         for args in launches:
             _launch_gemms(*args)
     return _topk_sum(rows_all, topk_ids, hidden, out_dtype)
+
+
+# one token on the mma.sync decode tiles: no routing launch, the top-k sum inside L2 (False: as for more tokens;
+# the A/B of bench/tools/one_token_ab.py)
+ONE_TOKEN = True
+
+
+def one_token_path(tokens: int, cfg1) -> bool:
+    """Whether a call of ``tokens`` tokens on L1 tiles ``cfg1`` runs one_token_routing and L2's top-k sum (the
+    forward's choice; a warm-up launch key of its own: its L2 binary differs)."""
+    return ONE_TOKEN and tokens == 1 and isinstance(cfg1, DecodeConfig) and not cfg1.wgmma and not cfg1.big_t
 
 
 def sm_count(device: torch.device) -> int:
@@ -224,9 +248,10 @@ def _side_stream(device: torch.device):
 
 
 def _launch_gemms(cfg1, cfg2, l1_args: tuple, l2_args: tuple, nblocks: int, inter: int, hidden: int, limit: float,
-                  has_limit: bool, tiled: bool, rows_split_stride: int) -> None:
+                  has_limit: bool, tiled: bool, rows_split_stride: int, fused_sum=None) -> None:
     """L1 then L2 over ``nblocks`` routing blocks, on the kernels the (L1, L2) tiles name (``rows_split_stride``:
-    the top-k rows' partials' first-dim stride, for mma.sync decode tiles whose L2 has split_k > 1)."""
+    the top-k rows' partials' first-dim stride, for mma.sync decode tiles whose L2 has split_k > 1; ``fused_sum``:
+    (out, top_k) for the one-token path, mma.sync decode tiles only)."""
     if isinstance(cfg1, DecodeConfig):
         if cfg1.wgmma:
             from nvfp4stack.kernels.moe.hopper_w4a16 import _decode_wgmma as kernels
@@ -235,7 +260,8 @@ def _launch_gemms(cfg1, cfg2, l1_args: tuple, l2_args: tuple, nblocks: int, inte
         else:
             from nvfp4stack.kernels.moe.hopper_w4a16 import _decode_gluon as kernels
 
-            kernels.launch(cfg1, cfg2, l1_args, l2_args, nblocks, inter, hidden, limit, has_limit, tiled, rows_split_stride)
+            kernels.launch(cfg1, cfg2, l1_args, l2_args, nblocks, inter, hidden, limit, has_limit, tiled, rows_split_stride,
+                           fused_sum)
         return
     from nvfp4stack.kernels.moe.hopper_w4a16._triton_kernels import l1_swiglu_kernel, l2_combine_kernel
 

@@ -43,6 +43,31 @@ class AlignedRouting:
         return min(self.max_blocks, self.num_slots)
 
 
+def one_token_constants(top_k: int, block_m: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sorted_ids, num_padded) of ``one_token_routing``: slot j alone at position j * block_m, the sentinel
+    (top_k) after it, top_k * block_m padded slots."""
+    sorted_ids = torch.full((top_k, block_m), top_k, dtype=torch.int32, device=device)
+    sorted_ids[:, 0] = torch.arange(top_k, dtype=torch.int32, device=device)
+    return sorted_ids.reshape(-1), torch.tensor([top_k * block_m], dtype=torch.int32, device=device)
+
+
+def one_token_routing(topk_ids: torch.Tensor, block_m: int,
+                      constants: tuple[torch.Tensor, torch.Tensor] | None = None) -> AlignedRouting:
+    """One token's [1, top_k] choices without sorting anything: each slot a block of its own, in slot order,
+    the block's expert the slot's id as given (a view where the ids are int32; a negative id, another rank's
+    expert, makes the kernels skip the block, as align_by_expert leaves such a slot out). The kernels then
+    compute what align_by_expert's blocks give, bit for bit (the same slot on the same expert with the same
+    tiles); only the order of the blocks differs. ``constants``: one_token_constants' tensors, made once."""
+    if topk_ids.dim() != 2 or topk_ids.shape[0] != 1:
+        raise ValueError(f"one_token_routing: expected one token's [1, top_k] expert ids, found shape "
+                         f"{tuple(topk_ids.shape)}; route more tokens with align_by_expert")
+    top_k = topk_ids.shape[1]
+    sorted_ids, num_padded = constants or one_token_constants(top_k, block_m, topk_ids.device)
+    ids = topk_ids.reshape(-1)
+    return AlignedRouting(sorted_ids, ids if ids.dtype == torch.int32 else ids.to(torch.int32), num_padded,
+                          block_m, top_k)
+
+
 # (small-expert routing, busy-expert routing) of align_split
 Split = tuple[AlignedRouting, AlignedRouting]
 

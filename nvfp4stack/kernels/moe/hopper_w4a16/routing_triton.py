@@ -9,8 +9,13 @@ cumulative sum of its matches, the order the stable sort gives), its padding and
 id; one more program writes what lies past the last run. Same outputs, bit for bit. The first
 version, one program for all experts (a cumulative sum over a [chunk, experts] one-hot), took 27-39
 us at 48-64 experts on an H200; this one 3-5 us (bench/RESULTS.md).
-Used up to ``MAX_SLOTS`` routed slots; past that the torch version (parallel sort) is faster. Each
-program reads the routed ids in chunks of ``chunk_slots(num_slots)``: 256 up to ``SMALL_SLOTS``, 1024
+Used up to ``MAX_SLOTS`` routed slots (49,152: a default 8,192-token prefill chunk at top-6); past that the torch
+version (parallel sort, ~20 launches) is used. H200, CUDA graphs, 2026-11-27 (bench/tools/routing_chunk_ab.py
+--prefill): 29.8 / 75.4 / 110.6 us at 12,288 / 32,766 / 49,152 slots against torch's 150 / 168 / 176 us, 19-47 us
+under EP (half the ids -1) against 172-182; torch is faster only from about 80k (225 against 190 us at 98,304).
+Eager, as vLLM runs a prefill, torch's launches cost more still: one Flash MoE layer at a 2k prefill took 3.3 ms
+eager with it and 1.5 ms with this kernel (bench/tools/ep_prefill_ab.py --max-slots). The cut was 8,192 until
+then. Each program reads the routed ids in chunks of ``chunk_slots(num_slots)``: 256 up to ``SMALL_SLOTS``, 1024
 past them (H200, 256 experts, CUDA graphs, 2026-11-27: 2.7 / 3.1 / 3.1 us with 256 at 6 / 48 / 192
 slots against 4.2 / 4.5 / 4.6 us with 1024; from 768 slots 1024 is the faster: 4.7 against 5.1 us,
 9.2 against 13.9 us at 3,072).
@@ -25,11 +30,14 @@ from nvfp4stack.kernels.moe.hopper_w4a16.routing import (
     align_by_expert,
     align_split,
     max_padded_slots,
+    one_token_constants,
+    one_token_routing,
     split_padded_slots,
 )
 
-MAX_SLOTS = 8192
+MAX_SLOTS = 49152
 SMALL_SLOTS = 256
+_ONE_TOKEN: dict = {}  # (device, top_k, block_m) -> one_token_constants' tensors
 
 
 def chunk_slots(num_slots: int) -> int:
@@ -91,3 +99,17 @@ def align_routing_split(topk_ids: torch.Tensor, num_experts: int, small: int, bi
     if topk_ids.is_cuda and routing_path(topk_ids.numel()) is not None:
         return align_split_triton(topk_ids, num_experts, small, big)
     return align_split(topk_ids, num_experts, small, big)
+
+
+def one_token_routing_cached(topk_ids: torch.Tensor, block_m: int) -> AlignedRouting | None:
+    """routing.one_token_routing with its constant tensors made once per (device, top_k, block_m), outside
+    CUDA-graph capture (a fill captured in a graph would run only at its replays); None where they are first
+    asked for inside capture (the caller routes with align_routing then). The forward's first one-token call
+    (vLLM's warm-up runs, triton_w4a16's warm_up) makes them."""
+    key = (str(topk_ids.device), topk_ids.shape[1], block_m)
+    constants = _ONE_TOKEN.get(key)
+    if constants is None:
+        if topk_ids.is_cuda and torch.cuda.is_current_stream_capturing():
+            return None
+        constants = _ONE_TOKEN[key] = one_token_constants(topk_ids.shape[1], block_m, topk_ids.device)
+    return one_token_routing(topk_ids, block_m, constants)

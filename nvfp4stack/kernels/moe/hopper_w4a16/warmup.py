@@ -22,6 +22,7 @@ from nvfp4stack.kernels.moe.hopper_w4a16 import fp8_prefill
 from nvfp4stack.kernels.moe.hopper_w4a16.fused_moe import (
     decode_available,
     nvfp4_moe_forward_triton,
+    one_token_path,
     pick_call,
     routed_rows_per_expert,
     sm_count,
@@ -42,7 +43,10 @@ def launch_key(tokens: int, top_k: int, num_experts: int, hidden: int, inter: in
     routing = routing_path(tokens * top_k)  # routing_triton.align_routing's choice
     if fp8_prefill.select_mode("auto", rows, _HAS_FP8 if has_fp8 else None) == "fp8":
         return ("fp8", routing)
-    return (pick_call(rows, tokens * top_k, num_experts, hidden, inter, decode, sm_count), routing)
+    tiles = pick_call(rows, tokens * top_k, num_experts, hidden, inter, decode, sm_count)
+    if one_token_path(tokens, tiles[0]):  # no routing launch, and an L2 of its own (the fused top-k sum)
+        return (tiles, "one token")
+    return (tiles, routing)
 
 
 def warmup_token_counts(top_k: int, num_experts: int, hidden: int, inter: int, max_tokens: int, *,

@@ -1,0 +1,77 @@
+"""Device script (not a pytest module): the one-token path (fused_moe.ONE_TOKEN: no routing launch, the top-k
+sum inside L2) against the general path (align_routing, L1, L2, topk_sum_kernel), interleaved.
+
+For each shape and routing, both paths are timed in ROUNDS rounds in turn (cold L2, CUDA-graph replay:
+nvfp4stack.bench.cold_l2), the heuristic's tiles (split-K as fill_split picks), tiled weights as the backend
+prepares them on sm90; the line gives each path's median and range, the speed-up, the share of the H200's
+4.8 TB/s the one-token path reaches (bytes of the active experts' NVFP4 weights and scales), and whether the
+two outputs are equal bit for bit (they must be). Routings: uniform (distinct experts), and EP (the expert ids
+of twice the experts, those of the other rank -1: about half the slots here, routed_experts set).
+
+Usage (repo root, GPU host): python3 bench/tools/one_token_ab.py [--rounds 5]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.getcwd())
+
+# (name, (hidden, inter), experts): Flash and Pro, whole and per rank at tensor parallel 2
+SHAPES = [("flash", (4096, 2048), 256), ("flash", (4096, 2048), 64), ("flash_tp2", (4096, 1024), 256),
+          ("pro", (7168, 3072), 48), ("pro_tp2", (7168, 1536), 48)]
+HBM_TBS = 4.8
+
+
+def main() -> int:
+    from nvfp4stack.bench.cold_l2 import cold_time_us, flush_buffer
+    from nvfp4stack.bench.moe_kernel import random_nvfp4_experts
+    from nvfp4stack.kernels.moe.hopper_w4a16 import fused_moe as fm
+    from nvfp4stack.kernels.moe.hopper_w4a16 import tiles
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--rounds", type=int, default=5)
+    a = p.parse_args()
+    if not torch.cuda.is_available():
+        print("one_token_ab: needs a CUDA GPU (sm90: the Gluon decode kernels); nothing run")
+        return 2
+    dev = torch.device("cuda")
+    flush = flush_buffer(dev)
+    print(torch.cuda.get_device_name(), torch.__version__, f"rounds {a.rounds}")
+    for shape, (hidden, inter), experts in SHAPES:
+        g = torch.Generator(device=dev).manual_seed(0)
+        t13, t2 = tiles.tile_experts(random_nvfp4_experts(experts, 2 * inter, hidden, dev, g),
+                                     random_nvfp4_experts(experts, hidden, inter, dev, g))
+        expert_bytes = 3 * hidden * inter * (0.5 + 1 / 16)  # w13 and w2 codes, one e4m3 scale per 16
+        for kind in ("uniform", "ep"):
+            ids = torch.randperm(experts, device=dev, generator=g)[:6].view(1, 6).to(torch.int32)
+            routed = 0
+            if kind == "ep":  # as the engine passes them: global ids of 2x experts, the other rank's as -1
+                ids = torch.where(torch.rand(ids.shape, device=dev, generator=g) < 0.5, -1, ids)
+                routed = 2 * experts
+            wts = torch.softmax(torch.randn(1, 6, device=dev, generator=g), -1)
+            x = torch.randn(1, hidden, device=dev, dtype=torch.bfloat16, generator=g)
+            run = lambda: fm.nvfp4_moe_forward_triton(  # noqa: E731
+                x, t13, t2, wts, ids, swiglu_limit=10.0, tiled=True, routed_experts=routed)
+            outs, times = {}, {True: [], False: []}
+            for _ in range(a.rounds):  # interleaved: one-token, general, one-token, ...
+                for on in (True, False):
+                    fm.ONE_TOKEN = on
+                    outs[on] = run()
+                    times[on].append(cold_time_us(run, flush))
+            fm.ONE_TOKEN = True
+            med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+            live = int((ids >= 0).sum())
+            hbm = live * expert_bytes / (med[True] * 1e-6) / (HBM_TBS * 1e12) * 100
+            print(f"{shape:9s} E={experts:3d} {kind:7s} live={live} | one-token {med[True]:6.1f} "
+                  f"[{min(times[True]):.1f}-{max(times[True]):.1f}] us | general {med[False]:6.1f} "
+                  f"[{min(times[False]):.1f}-{max(times[False]):.1f}] us | {med[False] / med[True]:.2f}x | "
+                  f"{hbm:.0f}% of HBM | equal bits: {torch.equal(outs[True], outs[False])}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""The one-token path of the triton_w4a16 MoE (fused_moe.one_token_path): no routing launch, the top-k sum in L2.
+
+GPU (sm90): the same bits as the general path (align_routing, then topk_sum_kernel) for every split-K pair,
+with and without the clamp, under EP (-1 ids, a token with none of this rank's experts), tiled or not; in a
+captured CUDA graph with new routing at each replay; the capture-time fallback. CPU: routing.one_token_routing
+and the warm-up keys are tested in test_routing.py / test_warmup.py.
+"""
+import os
+
+import pytest
+import torch
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU with Triton")
+LIMIT = 10.0
+H, I = 2048, 1024  # L1: 8 K steps of 256, L2: 8 of 128 (split 1, 2, 4, 8 divide both)
+
+
+def _sm90():
+    from nvfp4stack.kernels.moe.hopper_w4a16.fused_moe import decode_available
+
+    if not decode_available(torch.device("cuda")):
+        pytest.skip("the one-token path runs the mma.sync decode kernels: sm90 only")
+
+
+def _gen() -> torch.Generator:
+    seed = int.from_bytes(os.urandom(4), "little")
+    print(f"seed={seed}")
+    return torch.Generator(device="cuda").manual_seed(seed)
+
+
+def _experts(g, experts):
+    from nvfp4stack.formats.nvfp4 import quantize_nvfp4
+
+    w13 = torch.randn(experts, 2 * I, H, device="cuda", generator=g)
+    w13 *= torch.rand(experts, 2 * I, 1, device="cuda", generator=g) * 3 / H**0.5  # rows of other scales
+    w2 = torch.randn(experts, H, I, device="cuda", generator=g) / I**0.5
+    return quantize_nvfp4(w13, name="w13"), quantize_nvfp4(w2, name="w2")
+
+
+def _token(g, experts, top_k=6, other=0.0):
+    """One token: activations large enough to reach the clamp, top_k distinct experts, a share ``other`` of
+    its slots on another rank's experts (-1)."""
+    x = (torch.randn(1, H, device="cuda", generator=g) * 4).bfloat16()
+    ids = torch.randperm(experts, device="cuda", generator=g)[:top_k].view(1, top_k).to(torch.int32)
+    ids = torch.where(torch.rand(ids.shape, device="cuda", generator=g) < other, -1, ids)
+    wts = torch.softmax(torch.randn(1, top_k, device="cuda", generator=g), -1)
+    return x, ids, wts
+
+
+def _pair(s1, s2):
+    from nvfp4stack.kernels.moe.hopper_w4a16.tile_choice import _DECODE_FEW
+    from nvfp4stack.kernels.moe.hopper_w4a16.tile_choice import DecodeConfig as D
+
+    l1, l2 = _DECODE_FEW
+    return D(l1.block_t, l1.mrep, l1.block_k, l1.num_warps, l1.prefetch, split_k=s1), \
+        D(l2.block_t, l2.mrep, l2.block_k, l2.num_warps, l2.prefetch, split_k=s2)
+
+
+def _both(monkeypatch, call):
+    """(one-token path, general path) outputs of ``call``."""
+    from nvfp4stack.kernels.moe.hopper_w4a16 import fused_moe as fm
+
+    fast = call()
+    monkeypatch.setattr(fm, "ONE_TOKEN", False)
+    slow = call()
+    monkeypatch.setattr(fm, "ONE_TOKEN", True)
+    torch.cuda.synchronize()
+    return fast, slow
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("tiled", [False, True])
+@pytest.mark.parametrize("splits", [(1, 1), (2, 2), (4, 2), (2, 1), (1, 4), (4, 4)])
+def test_same_bits_as_the_general_path(splits, tiled, monkeypatch):
+    from nvfp4stack.kernels.moe.hopper_w4a16 import tiles
+    from nvfp4stack.kernels.moe.hopper_w4a16.fused_moe import nvfp4_moe_forward_triton
+    from nvfp4stack.kernels.moe.hopper_w4a16.torch_twin import nvfp4_moe_forward
+
+    _sm90()
+    g = _gen()
+    w13, w2 = _experts(g, 32)
+    k13, k2 = tiles.tile_experts(w13, w2) if tiled else (w13, w2)
+    for other, limit, routed in ((0.0, LIMIT, 0), (0.0, None, 0), (0.5, LIMIT, 64), (1.0, LIMIT, 64)):
+        x, ids, wts = _token(g, 32, other=other)
+        fast, slow = _both(monkeypatch, lambda: nvfp4_moe_forward_triton(
+            x, k13, k2, wts, ids, swiglu_limit=limit, config=_pair(*splits), poison=True, tiled=tiled,
+            routed_experts=routed))
+        assert fast.shape == (1, H) and fast.dtype == torch.bfloat16
+        assert torch.equal(fast, slow), f"one-token path differs: ids {ids.tolist()}, limit {limit}"
+        zeroed = torch.where(ids < 0, torch.zeros_like(wts), wts)
+        ref = nvfp4_moe_forward(x.float(), w13, w2, zeroed, ids.clamp(min=0), swiglu_limit=limit)
+        if bool((ids < 0).all()):
+            assert int(fast.count_nonzero()) == 0  # no slot of this rank's: zeros, as topk_sum writes
+        else:
+            err = ((fast.float() - ref.float()).norm() / ref.float().norm()).item()
+            print(f"splits {splits} tiled {tiled} ids {ids.tolist()} limit {limit}: rel err {err:.2e}")
+            assert bool(torch.isfinite(fast).all()) and err <= 1e-2
+
+
+@gpu
+@pytest.mark.gpu
+def test_one_token_in_cuda_graph_and_capture_fallback(monkeypatch):
+    """Captured at one token (as vLLM's batch-1 decode graph): replays with new activations and routing (-1
+    slots among them) equal the eager call bit for bit, every count is back to zero after; first asked for
+    inside a capture, the constant routing tensors are not made there and the call takes align_routing."""
+    from nvfp4stack.kernels.moe.hopper_w4a16 import decode_buffers, routing_triton
+    from nvfp4stack.kernels.moe.hopper_w4a16.fused_moe import nvfp4_moe_forward_triton
+
+    _sm90()
+    g = _gen()
+    w13, w2 = _experts(g, 64)
+    x, ids, wts = _token(g, 64)
+    pair = _pair(2, 2)
+    run = lambda: nvfp4_moe_forward_triton(x, w13, w2, wts, ids, swiglu_limit=LIMIT, config=pair)  # noqa: E731
+    first = run()
+    assert all(torch.equal(first, run()) for _ in range(3))
+    assert torch.equal(first, _both(monkeypatch, run)[1])  # the fallback's kernels compiled outside capture
+    graphs = {}
+    for cached in (True, False):
+        if not cached:
+            monkeypatch.setattr(routing_triton, "_ONE_TOKEN", {})
+        graphs[cached] = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graphs[cached]):
+            out = run()
+        assert bool(routing_triton._ONE_TOKEN) == cached  # nothing made inside the capture
+        for other in (0.0, 0.5, 0.0):
+            nx, nids, nwts = _token(g, 64, other=other)
+            x.copy_(nx)
+            ids.copy_(nids)
+            wts.copy_(nwts)
+            graphs[cached].replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, run()), f"replay differs from eager (cached constants: {cached})"
+    assert int(decode_buffers._COUNTS[str(x.device)].abs().sum()) == 0

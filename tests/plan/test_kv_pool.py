@@ -134,15 +134,22 @@ def test_nothing_fits_when_one_max_len_request_does_not():
         nothing_fits(none_left)
 
 
-# vLLM 0.26.0's logs on H200s, synthetic DeepSeek-V4-Flash weights, no MTP draft, max_model_len 4096,
-# gpu_memory_utilization 0.85 (bench/RESULTS.md): (overrides, "Model loading took" GiB, "GPU KV cache size")
+# vLLM 0.26.0's logs on H200s, synthetic DeepSeek-V4-Flash weights, max_model_len 4096, gpu_memory_utilization 0.85
+# (bench/RESULTS.md): (overrides, "Model loading took" GiB, "GPU KV cache size")
+NO_DRAFT = ["engine.ep=false", "engine.speculative.method=null"]
 MEASURED_H200 = [
     # two H200s of a four-H200 host, 2026-11-27, all 43 layers, max_num_seqs 256: ours and stock side by side
-    (["engine.tp=2", "engine.max_num_seqs=256"], 78.13, 101_846),
-    (["engine.tp=2", "engine.max_num_seqs=256", "precision.routed_experts=mxfp4", "backend.moe=marlin"], 74.06, 112_526),
+    ([*NO_DRAFT, "engine.tp=2", "engine.max_num_seqs=256"], 78.13, 101_846),
+    ([*NO_DRAFT, "engine.tp=2", "engine.max_num_seqs=256", "precision.routed_experts=mxfp4", "backend.moe=marlin"], 74.06,
+     112_526),
     # one H200, 2026-11-27, 8 layers, max_num_seqs 8: stock
-    (["model.num_layers=8", "engine.tp=1", "engine.max_num_seqs=8", "precision.routed_experts=mxfp4",
+    ([*NO_DRAFT, "model.num_layers=8", "engine.tp=1", "engine.max_num_seqs=8", "precision.routed_experts=mxfp4",
       "backend.moe=marlin"], 29.42, 1_709_033),
+    # two H200s, 2026-11-27 (sixth visit): ours at TP=2 + EP, no draft
+    (["engine.ep=true", "engine.speculative.method=null", "engine.tp=2", "engine.max_num_seqs=256"], 78.1, 103_225),
+    # four H200s, 2026-11-27 (seventh visit): the recipe as written, TP4 + EP with the MTP draft (its start's load and
+    # memory profile; the machine went before it was ready)
+    (["engine.tp=4", "engine.max_num_seqs=256"], 40.96, 206_266),
 ]
 
 
@@ -154,8 +161,8 @@ def test_the_flash_h200_recipe_plans_what_vllm_measured(overrides, weights_gib, 
     from nvfp4stack.cli import compose_config
     from nvfp4stack.plan.build import kv_cache_for_config, plan_for_config
 
-    cfg = compose_config("recipe=dsv4_flash_h200", "engine.ep=false", "engine.speculative.method=null",
-                         "engine.max_model_len=4096", "engine.gpu_memory_utilization=0.85", *overrides,
+    cfg = compose_config("recipe=dsv4_flash_h200", "engine.max_model_len=4096", "engine.gpu_memory_utilization=0.85",
+                         *overrides,
                          "run_dir=/tmp/unused")
     assert cfg.arch.runtime_reserve_gb > 0
     plan = plan_for_config(cfg)

@@ -38,6 +38,44 @@ def trained_default():
     return factories()["tiny_v3"](cache_root(RootConfig.cache_dir), "bf16")
 
 
+@pytest.fixture(scope="session")
+def default_server(trained_default, tmp_path_factory):
+    """One `python main.py serve` of the embedded default, shared by the tests that only send it requests
+    (tests/support/default_server.py); it starts on a test's first ``client()``."""
+    pytest.importorskip("openai")
+    pytest.importorskip("vllm")
+    from tests.support.default_server import DefaultServer
+
+    srv = DefaultServer(tmp_path_factory.mktemp("default_server"))
+    yield srv
+    srv.stop()
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "default_server_first: runs first of the tests on the shared default_server")
+    config.addinivalue_line("markers", "default_server_last: runs last of the tests on the shared default_server "
+                                       "(it stops the server)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The tests on the shared ``default_server`` run back to back, at the first one's place, so that it starts
+    once and is stopped before the tests after them: no vLLM server of its own sits beside the ones other tests
+    start (a 2-core CI host has little memory to spare). The one marked ``default_server_first`` (it measures
+    against a server of its own, stopped before it asks for the shared one) runs first; the one marked
+    ``default_server_last`` (it stops the shared server and checks the Ctrl-C) runs last."""
+    users = [it for it in items if "default_server" in getattr(it, "fixturenames", ())]
+    if len(users) < 2:
+        return
+
+    def rank(item) -> int:
+        return 0 if item.get_closest_marker("default_server_first") else \
+            2 if item.get_closest_marker("default_server_last") else 1
+
+    first = items.index(users[0])
+    rest = [it for it in items if "default_server" not in getattr(it, "fixturenames", ())]
+    items[:] = rest[:first] + sorted(users, key=rank) + rest[first:]
+
+
 def pytest_terminal_summary(terminalreporter):
     """List the README commands that tests/test_readme_commands.py ran (issue #12: CI shows them)."""
     import sys

@@ -28,6 +28,21 @@ def _one_error_line(r) -> str:
     return lines[0]
 
 
+@pytest.fixture(scope="module")
+def cli(request, tmp_path_factory):
+    """``cli(*args)``: ``_main(*args)`` in a directory of its own. The one-line-error tests' runs this session
+    selected start up front, two at a time (each is a Python start-up on one core, ~2 s; CI has two cores), and
+    each test reads its own."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    tests = {"test_2_usage_or_config_error_is_one_line", "test_2_hydra_and_omegaconf_mistakes_are_one_line"}
+    wanted = [it.callspec.params["args"] for it in request.session.items
+              if it.path == request.path and getattr(it, "originalname", None) in tests]
+    with ThreadPoolExecutor(2) as pool:
+        runs = {args: pool.submit(_main, *args, tmp_path=tmp_path_factory.mktemp("cli")) for args in wanted}
+        yield lambda *args: runs[args].result() if args in runs else _main(*args, tmp_path=tmp_path_factory.mktemp("cli"))
+
+
 def test_0_done_and_cli_log_holds_the_output(tmp_path):
     r = _main("recipe=dsv4_flash_b200", "plan", tmp_path=tmp_path)
     assert r.returncode == 0, r.stderr
@@ -42,7 +57,7 @@ def test_1_a_check_found_problems(tmp_path):
     assert "NOTHING FITS" in r.stdout + r.stderr
 
 
-@pytest.mark.parametrize("args,words", [
+USAGE_ERRORS = [
     (("arch=sm100", "plan"), ("arch='sm100'", "sm100a", "valid:")),
     (("backend.moe=nope", "plan"), ("backend.moe='nope'", "valid:", "marlin")),
     (("recipe=dsv4_b300", "plan"), ("unknown recipe 'dsv4_b300'", "dsv4_b200")),
@@ -51,9 +66,12 @@ def test_1_a_check_found_problems(tmp_path):
      ("wo_a cannot be nvfp4", "Fix: precision.attn.wo_a=fp8_block")),
     (("recipe=tiny_dsv4", "precision.attn.wo_a=nvfp4", "eval", "eval.num_prompts=2", "eval.max_tokens=16"),
      ("nvfp4stack eval: error:", "wo_a cannot be nvfp4")),
-])
-def test_2_usage_or_config_error_is_one_line(tmp_path, args, words):
-    r = _main(*args, tmp_path=tmp_path)
+]
+
+
+@pytest.mark.parametrize("args,words", USAGE_ERRORS)
+def test_2_usage_or_config_error_is_one_line(cli, args, words):
+    r = cli(*args)
     assert r.returncode == EXIT_USAGE == 2
     line = _one_error_line(r)
     for w in words:
@@ -62,7 +80,7 @@ def test_2_usage_or_config_error_is_one_line(tmp_path, args, words):
 
 # Hydra's and OmegaConf's own errors (exit 1, 7-8 lines) and the mistakes that surfaced as
 # tracebacks or bare [Errno 2]s: each now one line naming the key, the value and the fix.
-@pytest.mark.parametrize("args,words", [
+HYDRA_MISTAKES = [
     (('precision.rules=[{targets:["re:^model\\.layers\\.(1\\.mlp"],scheme:bf16}]', "plan"),
      ("precision.rules: target 're:^model\\.layers\\.(1\\.mlp' is not a valid regex", "missing )")),
     (("engine.tp=abc", "plan"), ("engine.tp=abc: expected an integer, found 'abc'", "default: 1")),
@@ -79,9 +97,12 @@ def test_2_usage_or_config_error_is_one_line(tmp_path, args, words):
     (("precision.routed_experts=nvpf4", "plan"), ("did you mean precision.routed_experts=nvfp4?",)),
     (("recipe=dsv4_flash_b200",), ("no command given", "plan")),
     (("recipe=dsv4_flash_b200", "pln"), ("unknown command 'pln'", "did you mean plan?")),
-])
-def test_2_hydra_and_omegaconf_mistakes_are_one_line(tmp_path, args, words):
-    r = _main(*args, tmp_path=tmp_path)
+]
+
+
+@pytest.mark.parametrize("args,words", HYDRA_MISTAKES)
+def test_2_hydra_and_omegaconf_mistakes_are_one_line(cli, args, words):
+    r = cli(*args)
     line = _one_error_line(r)
     assert r.returncode == EXIT_USAGE, line
     assert "+precision" not in line and "HYDRA_FULL_ERROR" not in line

@@ -35,17 +35,53 @@ def _outcome(task, cfg):
     return ("ok", code)
 
 
-@pytest.mark.parametrize("recipe", RECIPES)
-def test_plan_and_serve_dry_run_decide_the_same(recipe, tmp_path):
+def _decide(recipe: str, root: Path) -> list[tuple[tuple, tuple]]:
+    """(plan's outcome, serve dry run's outcome) per OVERRIDES on ``recipe``; run dirs ``root/<i>-plan|serve``."""
+    import contextlib
+    import io
+
     from nvfp4stack.tasks import plan as plan_task
     from nvfp4stack.tasks import serve as serve_task
 
+    out = []
+    with contextlib.redirect_stdout(io.StringIO()):   # the plans' tables: read from their files below
+        for i, overrides in enumerate(OVERRIDES):
+            p = _outcome(plan_task, compose_config(f"recipe={recipe}", *overrides, f"run_dir={root / f'{i}-plan'}"))
+            s = _outcome(serve_task, compose_config(f"recipe={recipe}", *overrides, "engine.dry_run=true",
+                                                    f"run_dir={root / f'{i}-serve'}"))
+            out.append((p, s))
+    return out
+
+
+@pytest.fixture(scope="module")
+def decided(request, tmp_path_factory):
+    """``decided(recipe)`` -> (its run dirs' root, _decide's outcomes). Planning the full-size recipes is pure
+    Python on one core (2-30 s a recipe): the recipes this session selected are decided up front, two at a time
+    in worker processes on a host with two cores, the full-size ones first."""
+    import multiprocessing
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
+    name = test_plan_and_serve_dry_run_decide_the_same.__name__
+    wanted = sorted({it.callspec.params["recipe"] for it in request.session.items
+                     if getattr(it, "originalname", None) == name and it.path == request.path},
+                    key=lambda r: (r.startswith("tiny"), r))
+    roots = {r: tmp_path_factory.mktemp(f"decide_{r}_") for r in wanted}
+    workers = min(2, len(os.sched_getaffinity(0)), len(wanted))
+    if workers < 2:
+        yield lambda recipe: (roots[recipe], _decide(recipe, roots[recipe]))
+        return
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {r: pool.submit(_decide, r, roots[r]) for r in wanted}
+        yield lambda recipe: (roots[recipe], futures[recipe].result(timeout=1800))
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_plan_and_serve_dry_run_decide_the_same(recipe, decided):
+    root, outcomes = decided(recipe)
     n_refused = 0
-    for i, overrides in enumerate(OVERRIDES):
-        p_dir, s_dir = tmp_path / f"{i}-plan", tmp_path / f"{i}-serve"
-        p = _outcome(plan_task, compose_config(f"recipe={recipe}", *overrides, f"run_dir={p_dir}"))
-        s = _outcome(serve_task, compose_config(f"recipe={recipe}", *overrides, "engine.dry_run=true",
-                                                f"run_dir={s_dir}"))
+    for i, (overrides, (p, s)) in enumerate(zip(OVERRIDES, outcomes, strict=True)):
+        p_dir, s_dir = root / f"{i}-plan", root / f"{i}-serve"
         where = f"recipe={recipe} {' '.join(overrides)}"
         if p[0] == "refused" or s[0] == "refused":
             assert p == s, f"{where}: plan {p} vs serve {s}"

@@ -48,8 +48,8 @@ json.dump({"greedy": [{"prompt_len": 1, "token_ids": [7, 8], "tokens": None, "lo
 '''
 
 
-def _run_pairs(tmp_path, phases: str, **extra: str):
-    """The orchestrator on stand-ins; returns (result, FLASH_OUT, the device tool's $OUT)."""
+def _start_pairs(tmp_path, phases: str, **extra: str):
+    """The orchestrator on stand-ins, started in the background; returns (process, FLASH_OUT, the device tool's $OUT)."""
     tree = tmp_path / "tree"
     (tree / "bench").mkdir(parents=True)
     (tree / "nvfp4stack" / "bundle").mkdir(parents=True)
@@ -68,14 +68,66 @@ def _run_pairs(tmp_path, phases: str, **extra: str):
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SITE": str(tmp_path),
            "OUT": str(device_out), "FLASH_OUT": str(flash), "PHASES": phases, "READY_TIMEOUT_S": "60",
            "REAL_CLIENT": str(ROOT / "bench" / "dsv4_flash_run.py"), **extra}
-    r = subprocess.run(["bash", "bench/dsv4_flash_pairs.sh"], cwd=tree, env=env, capture_output=True, text=True,
-                       timeout=240)
-    return r, flash, device_out
+    with open(tmp_path / "stdout.txt", "w") as out, open(tmp_path / "stderr.txt", "w") as err:
+        proc = subprocess.Popen(["bash", "bench/dsv4_flash_pairs.sh"], cwd=tree, env=env, stdout=out, stderr=err,
+                                text=True)
+    return proc, flash, device_out
+
+
+def _finish(proc, tmp_path, timeout_s: float) -> subprocess.CompletedProcess:
+    try:
+        proc.wait(timeout=max(timeout_s, 1))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, (tmp_path / "stdout.txt").read_text(),
+                                       (tmp_path / "stderr.txt").read_text())
+
+
+# Every orchestrator run the tests below check: (PHASES, more environment). Each only waits (stand-in servers,
+# the scripts' 1 s polls, the reaping of a stopped server), so the fixture `pairs` starts them all side by side,
+# each in its own directory, and a test reads its own runs: the file takes its slowest run's time, not the sum.
+RUNS = {
+    "abba": ("tp2 ep ref", {}),
+    "pair_late": ("tp2", {"PHASE_S": "10", "MEASURE_S": "100000"}),
+    "ref_one_gpu": ("ref", {"REF_GPUS": "0 0 0"}),
+    "both": ("both", {}),
+    "seq": ("seq", {}),
+    "seq_shared": ("seq", {"SEQ_SHARED_CACHES": "1"}),
+    "seq_late": ("seq", {"PHASE_S": "99999"}),
+    "seqep": ("seqep", {"SEQ_SHARED_CACHES": "1"}),
+    "seqep_profile": ("seqep", {"PROFILE": "1"}),
+    "seqep_late": ("seqep", {"PHASE_S": "10", "MEASURE_S": "100000"}),
+    "pair_profile": ("ep", {"PROFILE": "1"}),
+}
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    """``pairs(name)`` -> (result, FLASH_OUT, the device tool's $OUT) of RUNS[name], as a run of its own gives them."""
+    import time
+
+    started = {}
+    for name, (phases, extra) in RUNS.items():
+        tmp = tmp_path_factory.mktemp(f"pairs_{name}_")
+        started[name] = (tmp, *_start_pairs(tmp, phases, **extra))
+    deadline = time.monotonic() + 240
+    done = {}
+
+    def result(name):
+        if name not in done:
+            tmp, proc, flash, device_out = started[name]
+            done[name] = (_finish(proc, tmp, deadline - time.monotonic()), flash, device_out)
+        return done[name]
+    yield result
+    for tmp, proc, _, _ in started.values():
+        if proc.poll() is None:
+            proc.kill()
 
 
 @pytest.mark.skipif(shutil.which("setsid") is None, reason="needs setsid (util-linux)")
-def test_pairs_start_side_by_side_measure_abba_and_stop(tmp_path):
-    r, flash, device_out = _run_pairs(tmp_path, "tp2 ep ref")
+def test_pairs_start_side_by_side_measure_abba_and_stop(pairs):
+    r, flash, device_out = pairs("abba")
     log = (flash / "pairs.log").read_text()
     assert r.returncode == 0, r.stderr + log
     assert list(device_out.iterdir()) == []
@@ -105,8 +157,8 @@ def test_pairs_start_side_by_side_measure_abba_and_stop(tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("setsid") is None, reason="needs setsid (util-linux)")
-def test_a_pairs_second_rounds_are_left_out_when_the_deadline_is_near(tmp_path):
-    r, flash, _ = _run_pairs(tmp_path, "tp2", PHASE_S="10", MEASURE_S="100000")
+def test_a_pairs_second_rounds_are_left_out_when_the_deadline_is_near(pairs):
+    r, flash, _ = pairs("pair_late")
     log = (flash / "pairs.log").read_text()
     assert r.returncode == 0, r.stderr + log
     measured = [line.split("measure ")[1] for line in log.splitlines() if "] measure " in line]
@@ -117,10 +169,10 @@ def test_a_pairs_second_rounds_are_left_out_when_the_deadline_is_near(tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("setsid") is None, reason="needs setsid (util-linux)")
-def test_ref_on_one_gpu_runs_the_three_servers_in_turn(tmp_path):
+def test_ref_on_one_gpu_runs_the_three_servers_in_turn(pairs):
     """REF_GPUS="0 0 0" (a one-GPU host): each server is stopped before the next one starts, all on GPU 0,
     sharing one compile cache, and the three comparisons are printed."""
-    r, flash, device_out = _run_pairs(tmp_path, "ref", REF_GPUS="0 0 0")
+    r, flash, device_out = pairs("ref_one_gpu")
     log = (flash / "pairs.log").read_text()
     assert r.returncode == 0, r.stderr + log
     assert list(device_out.iterdir()) == []
@@ -139,11 +191,11 @@ def test_ref_on_one_gpu_runs_the_three_servers_in_turn(tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("setsid") is None, reason="needs setsid (util-linux)")
-def test_both_keeps_one_stock_server_for_tp2_and_ep(tmp_path):
+def test_both_keeps_one_stock_server_for_tp2_and_ep(pairs):
     """Phase both: ours (TP=2) and stock start together; after ours and stock are measured, ours restarts
     with EP on its own GPUs while the same stock server stays up and is measured again; one DeepGEMM cache
     for both servers, vLLM's DeepGEMM warm-up (relax), every other cache per server."""
-    r, flash, device_out = _run_pairs(tmp_path, "both")
+    r, flash, device_out = pairs("both")
     log = (flash / "pairs.log").read_text()
     assert r.returncode == 0, r.stderr + log
     assert list(device_out.iterdir()) == []
@@ -166,10 +218,10 @@ def test_both_keeps_one_stock_server_for_tp2_and_ep(tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("setsid") is None, reason="needs setsid (util-linux)")
-def test_seq_runs_ours_stock_then_ours_ep_in_turn_on_one_gpu_pair(tmp_path):
+def test_seq_runs_ours_stock_then_ours_ep_in_turn_on_one_gpu_pair(pairs):
     """Phase seq (a two-GPU host): one server at a time on GPUs 0,1; every cache its own server's unless
     SEQ_SHARED_CACHES=1 (then TileLang's and DeepGEMM's shared); ours-EP only while PHASE_S is left."""
-    r, flash, device_out = _run_pairs(tmp_path, "seq")
+    r, flash, device_out = pairs("seq")
     log = (flash / "pairs.log").read_text()
     assert r.returncode == 0, r.stderr + log
     assert list(device_out.iterdir()) == []
@@ -186,21 +238,21 @@ def test_seq_runs_ours_stock_then_ours_ep_in_turn_on_one_gpu_pair(tmp_path):
     assert sorted(p.name for p in flash.glob("*.json")) == ["ours-ep-r1.json", "ours-tp2-r1.json", "stock-tp2-r1.json"]
     assert "phase seq done" in log
 
-    r, flash, _ = _run_pairs(tmp_path / "shared", "seq", SEQ_SHARED_CACHES="1")
+    r, flash, _ = pairs("seq_shared")
     for tag in ("ours-tp2", "stock-tp2", "ours-ep"):
         text = (flash / f"{tag}.serve.log").read_text()
         assert "| tilelang /tmp/cache-tl " in text and "| dg /tmp/cache-dg " in text
 
-    r, flash, _ = _run_pairs(tmp_path / "late", "seq", PHASE_S="99999")
+    r, flash, _ = pairs("seq_late")
     log = (flash / "pairs.log").read_text()
     assert "skip seq" in log and not list(flash.glob("*.json"))   # the whole phase needs PHASE_S too
 
 
 @pytest.mark.skipif(shutil.which("setsid") is None, reason="needs setsid (util-linux)")
-def test_seqep_measures_ours_ep_then_stock_ep_twice_each_and_compares_them(tmp_path):
+def test_seqep_measures_ours_ep_then_stock_ep_twice_each_and_compares_them(pairs):
     """Phase seqep (a two-GPU host): ours with EP, then stock with EP, one at a time on GPUs 0,1, two client
     runs each (a second only while MEASURE_S is left), then ours against stock round by round."""
-    r, flash, device_out = _run_pairs(tmp_path, "seqep", SEQ_SHARED_CACHES="1")
+    r, flash, device_out = pairs("seqep")
     log = (flash / "pairs.log").read_text()
     assert r.returncode == 0, r.stderr + log
     assert list(device_out.iterdir()) == []
@@ -221,7 +273,7 @@ def test_seqep_measures_ours_ep_then_stock_ep_twice_each_and_compares_them(tmp_p
 
     assert "] profile " not in log   # only with PROFILE=1
 
-    r, flash, _ = _run_pairs(tmp_path / "prof", "seqep", PROFILE="1")
+    r, flash, _ = pairs("seqep_profile")
     log = (flash / "pairs.log").read_text()
     assert r.returncode == 0, r.stderr + log
     events = [line.split("] ", 1)[1] for line in log.splitlines() if "] measure " in line or "] profile " in line]
@@ -233,7 +285,7 @@ def test_seqep_measures_ours_ep_then_stock_ep_twice_each_and_compares_them(tmp_p
         assert f"== {tag} profiler_out_0.txt" in log
     assert "profiled one 2048 token prefill at http://127.0.0.1:8013/v1" in log and "l1_swiglu_wgmma_kernel" in log
 
-    r, flash, _ = _run_pairs(tmp_path / "late", "seqep", PHASE_S="10", MEASURE_S="100000")
+    r, flash, _ = pairs("seqep_late")
     log = (flash / "pairs.log").read_text()
     assert "skip ours-ep round 2" in log and "skip stock-ep round 2" in log
     assert sorted(p.name for p in flash.glob("*.json")) == ["ours-ep-r1.json", "stock-ep-r1.json"]
@@ -242,10 +294,10 @@ def test_seqep_measures_ours_ep_then_stock_ep_twice_each_and_compares_them(tmp_p
 
 
 @pytest.mark.skipif(shutil.which("setsid") is None, reason="needs setsid (util-linux)")
-def test_a_pair_with_profile_profiles_each_server_after_the_rounds(tmp_path):
+def test_a_pair_with_profile_profiles_each_server_after_the_rounds(pairs):
     """PROFILE=1 in a side-by-side phase: both servers start with vLLM's profiler; after the four client runs
     each one profiles a prefill in turn (never both at once), and its rank tables land in pairs.log."""
-    r, flash, _ = _run_pairs(tmp_path, "ep", PROFILE="1")
+    r, flash, _ = pairs("pair_profile")
     log = (flash / "pairs.log").read_text()
     assert r.returncode == 0, r.stderr + log
     events = [line.split("] ", 1)[1] for line in log.splitlines() if "] measure " in line or "] profile " in line]

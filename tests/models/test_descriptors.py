@@ -44,24 +44,35 @@ def test_transformers_reads_it(model_dir):
     assert again.layer_types == c.layer_types and again.hidden_act == c.hidden_act
 
 
-def test_vllm_reads_every_field_its_dsv4_uses(model_dir):
-    """In a child process: vLLM's get_config registers its own DeepseekV4Config with transformers'
+@pytest.fixture(scope="module")
+def vllm_read(tmp_path_factory) -> dict[str, dict]:
+    """descriptor stem -> what vLLM's get_config read from it. In one child process for every descriptor (vLLM's
+    import is most of its time): vLLM's get_config registers its own DeepseekV4Config with transformers'
     AutoConfig, which would change what later tests of this process read."""
     pytest.importorskip("vllm")
-    import json
     import subprocess
     import sys
 
+    dirs = {}
+    for src in DSV4:
+        dirs[src.stem] = tmp_path_factory.mktemp(f"vllm_{src.stem}_")
+        shutil.copy(src, dirs[src.stem] / "config.json")
     code = ("import json, sys; from vllm.transformers_utils.config import get_config\n"
-            "c = get_config(sys.argv[1], trust_remote_code=False)\n"
-            "keys = json.loads(sys.argv[2])\n"
-            "print(json.dumps({'module': type(c).__module__, 'missing': [k for k in keys if getattr(c, k, None) is None],"
+            "keys = json.loads(sys.argv[1])\n"
+            "for d in sys.argv[2:]:\n"
+            "    c = get_config(d, trust_remote_code=False)\n"
+            "    print(json.dumps({'module': type(c).__module__, 'missing': [k for k in keys if getattr(c, k, None) is None],"
             " 'hidden_act': c.hidden_act, 'tie': c.tie_word_embeddings, 'rope': c.rope_parameters}))")
     keys = [*REQUIRED, "compress_ratios", "rope_parameters"]
-    r = subprocess.run([sys.executable, "-c", code, str(model_dir), json.dumps(keys)], capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run([sys.executable, "-c", code, json.dumps(keys), *map(str, dirs.values())], capture_output=True,
+                       text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    c = json.loads(r.stdout.strip().splitlines()[-1])
+    read = [json.loads(line) for line in r.stdout.strip().splitlines()[-len(dirs):]]
+    return dict(zip(dirs, read))
+
+
+def test_vllm_reads_every_field_its_dsv4_uses(model_dir, vllm_read, request):
+    c = vllm_read[request.node.callspec.params["model_dir"].stem]   # this descriptor's, as vLLM read it
     assert c["module"] == "vllm.transformers_utils.configs.deepseek_v4"
     assert c["missing"] == []
     assert c["hidden_act"] == "silu" and c["tie"] is False

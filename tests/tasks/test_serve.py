@@ -2,7 +2,8 @@
 
 One server start covers: model list, completion, chat completion, streaming, 32 concurrent
 requests, greedy tokens + logprobs identical (fp32, tolerance below) to transformers' forward of
-the same NVFP4 experts, and a clean Ctrl-C shutdown with no process left behind.
+the same NVFP4 experts, and a clean Ctrl-C shutdown with no process left behind. That server is the
+session's shared ``default_server`` (tests/conftest.py), which this test stops after the others used it.
 """
 import concurrent.futures
 import json
@@ -52,23 +53,14 @@ def wait_for_models(client, proc, timeout_s):
 
 
 @pytest.mark.slow
-def test_serve_tiny_cpu_end_to_end(tmp_path, request):
+@pytest.mark.default_server_last   # it stops the shared server: the Ctrl-C checks below
+def test_serve_tiny_cpu_end_to_end(default_server):
     psutil = pytest.importorskip("psutil")
-    openai = pytest.importorskip("openai")
-    pytest.importorskip("vllm")
-    request.getfixturevalue("trained_default")  # a cold cache trains here, before the ready deadline starts
-    port = free_port()
-    run_dir = tmp_path / "run"
-    cmd = [sys.executable, "main.py", "serve", f"engine.port={port}", f"run_dir={run_dir}", f"cache_dir={CACHE}",
-           *TINY_ENGINE]
-    print(shlex.join(cmd))
-    log = open(tmp_path / "main.log", "wb")
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     tree: set[int] = set()
     try:
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="EMPTY", timeout=120)
-        models = wait_for_models(client, proc, 1200)
-        tree = {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}
+        client = default_server.client(timeout=120)
+        models = client.models.list().data
+        tree = {p.pid for p in psutil.Process(default_server.proc.pid).children(recursive=True)}
         assert len(tree) >= 2, "expected the vLLM API server and engine processes under main.py"
         assert [m.id for m in models] == ["tiny-v3-nvfp4"]
         model = models[0].id
@@ -93,15 +85,11 @@ def test_serve_tiny_cpu_end_to_end(tmp_path, request):
         assert len(results) == 32
         assert all(n > 0 and fr in ("length", "stop") for fr, n in results), results
 
-        check_matches_reference(client, model, run_dir)
+        check_matches_reference(client, model, default_server.run_dir)
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
-        try:
-            code = proc.wait(timeout=120)
-        finally:
-            log.close()
-            print((tmp_path / "main.log").read_text(errors="replace")[-3000:])
+        code = default_server.stop()   # what Ctrl-C sends
+        if code is not None:
+            print(default_server.log_tail())
     assert code == 130   # Ctrl-C (README "Exit codes")
     left = [p for p in tree if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert not left, f"processes left after shutdown: {left}"

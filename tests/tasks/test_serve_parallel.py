@@ -46,6 +46,19 @@ def test_server_env_binds_cpu_workers_unless_told(monkeypatch):
     assert BIND_KEY not in server_env(cfg("cpu", 2))
 
 
+def _probe(client, model, prompts) -> list[dict]:
+    """Prompt logprobs and 16 greedy tokens per prompt."""
+    out = []
+    for text in prompts:
+        r = client.completions.create(model=model, prompt=text, max_tokens=16, temperature=0, logprobs=1,
+                                      extra_body={"prompt_logprobs": 0, "ignore_eos": True})
+        ch = r.choices[0]
+        # prompt_logprobs=0: each entry holds the prompt token's own logprob only
+        out.append({"prompt": [next(iter(e.values()))["logprob"] for e in ch.prompt_logprobs[1:]],
+                    "text": ch.text, "generated": ch.logprobs.token_logprobs})
+    return out
+
+
 def _serve_and_probe(tmp_path, name, overrides, prompts):
     """Start the embedded default with ``overrides``; prompt logprobs and 16 greedy tokens per prompt."""
     openai = pytest.importorskip("openai")
@@ -59,14 +72,7 @@ def _serve_and_probe(tmp_path, name, overrides, prompts):
     try:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="EMPTY", timeout=600)
         model = wait_for_models(client, proc, 1800)[0].id
-        out = []
-        for text in prompts:
-            r = client.completions.create(model=model, prompt=text, max_tokens=16, temperature=0, logprobs=1,
-                                          extra_body={"prompt_logprobs": 0, "ignore_eos": True})
-            ch = r.choices[0]
-            # prompt_logprobs=0: each entry holds the prompt token's own logprob only
-            out.append({"prompt": [next(iter(e.values()))["logprob"] for e in ch.prompt_logprobs[1:]],
-                        "text": ch.text, "generated": ch.logprobs.token_logprobs})
+        out = _probe(client, model, prompts)
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=120)
@@ -74,16 +80,17 @@ def _serve_and_probe(tmp_path, name, overrides, prompts):
 
 
 @pytest.mark.slow
-def test_tp2_ep_serves_like_one_worker(tmp_path, request):
+@pytest.mark.default_server_first   # its own server is stopped before the shared one starts: never both in memory
+def test_tp2_ep_serves_like_one_worker(tmp_path, default_server):
     pytest.importorskip("vllm")
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("tensor parallel on CPU needs 2 cores for its 2 workers; this process may use 1")
-    request.getfixturevalue("trained_default")  # a cold cache trains here, before the ready deadline starts
     from nvfp4stack.engine.openai_check import PROMPTS
 
     prompts = [*PROMPTS, " ".join(PROMPTS * 16)]   # the last one ~400 tokens
     tp_ep, log = _serve_and_probe(tmp_path, "tp2_ep", ["engine.tp=2", "engine.ep=true"], prompts)
-    one, _ = _serve_and_probe(tmp_path, "tp1", [], prompts)
+    # one worker on the same weights and engine settings: the session's shared server of the embedded default
+    one = _probe(default_server.client(timeout=600), default_server.model, prompts)
 
     # vLLM split the 8 routed experts 4/4 over two EP ranks (rank 0 logs it) and built our method on both
     assert "[EP Rank 0/2] Expert parallelism is enabled" in log, log[-3000:]

@@ -4,17 +4,12 @@ answering the README's example prompts in corpus words.
 Both use the cache `serve` uses (~/.cache/nvfp4stack): the default budget trains once per machine,
 in the session fixture ``trained_default`` (tests/conftest.py) that the server tests share.
 """
-import shlex
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from nvfp4stack.corpus import corpus_words, normalize_word
 
-ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path("~/.cache/nvfp4stack").expanduser()
 # "Mostly corpus words": at least 60% of the reply's whitespace-split words, normalized (lower case,
 # outer punctuation stripped), occur in the training corpus. Random weights decode to BPE fragments
@@ -81,57 +76,22 @@ def test_heldout_perplexity_goal(default_model):
     assert m["heldout_texts"] > 50 and m["heldout_tokens_scored"] > 10_000
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
-def test_served_default_answers_in_corpus_words(tmp_path, default_model):
-    """`python main.py serve` as the README runs it; greedy replies to the README's completion example
-    and to the chat example the server prints on start."""
-    import time
-
-    openai = pytest.importorskip("openai")
-    pytest.importorskip("vllm")
-    port = _free_port()
-    cmd = [sys.executable, "main.py", "serve", f"engine.port={port}", f"run_dir={tmp_path / 'run'}",
-           f"cache_dir={CACHE}", "engine.ready_timeout_s=900"]
-    print(shlex.join(cmd))
-    log = open(tmp_path / "main.log", "wb")
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="EMPTY", timeout=120)
-        deadline = time.monotonic() + 1200
-        while True:
-            assert proc.poll() is None, f"main.py serve exited early with {proc.returncode}"
-            assert time.monotonic() < deadline, "server not ready after 1200 s"
-            try:
-                model = client.models.list().data[0].id
-                break
-            except Exception:
-                time.sleep(2)
-        text = client.completions.create(model=model, prompt=PROMPT, max_tokens=MAX_TOKENS,
-                                         temperature=0).choices[0].text
-        chat = client.chat.completions.create(model=model, max_tokens=MAX_TOKENS, temperature=0,
-                                              messages=[{"role": "user", "content": "Hello!"}])
-        reply = chat.choices[0].message.content
-        print(f"completion {PROMPT!r} -> {text!r} (corpus share {corpus_share(text):.2f})")
-        print(f"chat 'Hello!' -> {reply!r} (corpus share {corpus_share(reply):.2f})")
-        assert len(set(words(text))) >= MIN_DISTINCT_WORDS and corpus_share(text) >= MIN_CORPUS_SHARE, text
-        # the chat reply may be short (the model may end its turn early): an empty one scores 0
-        assert corpus_share(reply) >= MIN_CORPUS_SHARE, reply
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-        try:
-            assert proc.wait(timeout=120) == 130   # Ctrl-C (README "Exit codes")
-        finally:
-            log.close()
-            print((tmp_path / "main.log").read_text(errors="replace")[-3000:])
+def test_served_default_answers_in_corpus_words(default_model, default_server):
+    """`python main.py serve` as the README runs it (the session's shared ``default_server``, tests/conftest.py);
+    greedy replies to the README's completion example and to the chat example the server prints on start."""
+    client = default_server.client(timeout=120)
+    model = default_server.model
+    text = client.completions.create(model=model, prompt=PROMPT, max_tokens=MAX_TOKENS,
+                                     temperature=0).choices[0].text
+    chat = client.chat.completions.create(model=model, max_tokens=MAX_TOKENS, temperature=0,
+                                          messages=[{"role": "user", "content": "Hello!"}])
+    reply = chat.choices[0].message.content
+    print(f"completion {PROMPT!r} -> {text!r} (corpus share {corpus_share(text):.2f})")
+    print(f"chat 'Hello!' -> {reply!r} (corpus share {corpus_share(reply):.2f})")
+    assert len(set(words(text))) >= MIN_DISTINCT_WORDS and corpus_share(text) >= MIN_CORPUS_SHARE, text
+    # the chat reply may be short (the model may end its turn early): an empty one scores 0
+    assert corpus_share(reply) >= MIN_CORPUS_SHARE, reply
 
 
 @pytest.mark.slow

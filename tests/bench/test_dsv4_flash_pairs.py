@@ -276,7 +276,7 @@ def test_seqep_measures_ours_ep_then_stock_ep_twice_each_and_compares_them(pairs
     r, flash, _ = pairs("seqep_profile")
     log = (flash / "pairs.log").read_text()
     assert r.returncode == 0, r.stderr + log
-    events = [line.split("] ", 1)[1] for line in log.splitlines() if "] measure " in line or "] profile " in line]
+    events = _client_steps(log)
     assert events == ["measure ours-ep round 1", "measure ours-ep round 2", "profile ours-ep",
                       "measure stock-ep round 1", "measure stock-ep round 2", "profile stock-ep"], events
     for tag in ("ours-ep", "stock-ep"):
@@ -293,6 +293,11 @@ def test_seqep_measures_ours_ep_then_stock_ep_twice_each_and_compares_them(pairs
     assert str(flash / "runs") not in ps
 
 
+def _client_steps(log: str) -> list[str]:
+    """pairs.log's measure and profile lines, in order, without their timestamps."""
+    return [line.split("] ", 1)[1] for line in log.splitlines() if "] measure " in line or "] profile " in line]
+
+
 @pytest.mark.skipif(shutil.which("setsid") is None, reason="needs setsid (util-linux)")
 def test_a_pair_with_profile_profiles_each_server_after_the_rounds(pairs):
     """PROFILE=1 in a side-by-side phase: both servers start with vLLM's profiler; after the four client runs
@@ -300,7 +305,7 @@ def test_a_pair_with_profile_profiles_each_server_after_the_rounds(pairs):
     r, flash, _ = pairs("pair_profile")
     log = (flash / "pairs.log").read_text()
     assert r.returncode == 0, r.stderr + log
-    events = [line.split("] ", 1)[1] for line in log.splitlines() if "] measure " in line or "] profile " in line]
+    events = _client_steps(log)
     assert events == ["measure ours-ep round 1", "measure stock-ep round 1", "measure stock-ep round 2",
                       "measure ours-ep round 2", "profile ours-ep", "profile stock-ep"], events
     assert "== ours-ep profiler_out_0.txt" in log and "== stock-ep profiler_out_0.txt" in log

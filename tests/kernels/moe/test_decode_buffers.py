@@ -19,15 +19,15 @@ def test_split_workspace_counts_are_made_outside_capture(monkeypatch):
     with pytest.raises(RuntimeError, match=r"split-K decode tiles .* need 192 zeroed tile counters.*inside CUDA-graph "
                                            r"capture.*outside capture first"):
         db.split_workspace(split, 192, cpu)
-    with pytest.raises(RuntimeError, match=r"one-token top-k sum need 32 zeroed tile counters"):
-        db.tile_counters(32, cpu, "the one-token top-k sum")
+    with pytest.raises(RuntimeError, match=r"one-token top-k sum \(DecodeConfig\(.*\)\) need 32 zeroed tile counters"):
+        db.tile_counters(32, cpu, "the one-token top-k sum", split)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     ws, counts = db.split_workspace(split, 192, cpu)
     assert ws.dtype == torch.float32 and ws.numel() == 192 * 2 * split.rows * split.block_t
     assert counts.dtype == torch.int32 and counts.numel() == 4096 and int(counts.abs().sum()) == 0
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)  # made: capture may use it
     assert db.split_workspace(split, 100, cpu)[1] is counts
-    assert db.tile_counters(32, cpu, "the one-token top-k sum") is counts
+    assert db.tile_counters(32, cpu, "the one-token top-k sum", split) is counts
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     grown = db.split_workspace(split, 5000, cpu)[1]
     assert grown.numel() == 5000 and db._OUTGROWN == [counts]

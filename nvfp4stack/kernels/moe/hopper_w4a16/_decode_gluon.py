@@ -352,7 +352,7 @@ def launch(cfg1, cfg2, l1_args: tuple, l2_args: tuple, nblocks: int, inter: int,
     l1_swiglu_decode_kernel[(n_tiles, nblocks, cfg1.split_k)](
         *l1_args, limit, ws, counts, HAS_LIMIT=has_limit, **layouts(cfg1))
     out, top_k = fused_sum or (counts, 0)
-    sum_counts = tile_counters(hidden // cfg2.rows, out.device, f"the one-token top-k sum ({cfg2})") if fused_sum \
+    sum_counts = tile_counters(hidden // cfg2.rows, out.device, "the one-token top-k sum", cfg2) if fused_sum \
         else counts
     l2_decode_kernel[(hidden // cfg2.rows, nblocks, cfg2.split_k)](
         *l2_args, rows_split_stride, out, sum_counts, top_k, FUSE_SUM=fused_sum is not None, **layouts(cfg2))

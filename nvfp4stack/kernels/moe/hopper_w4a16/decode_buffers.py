@@ -24,21 +24,21 @@ def split_workspace(cfg, tiles: int, device) -> tuple:
         if stub_key not in _COUNTS:
             _COUNTS[stub_key] = torch.zeros(1, dtype=torch.int32, device=device)
         return _COUNTS[stub_key], _COUNTS[stub_key]
-    counts = tile_counters(tiles, device, f"the split-K decode tiles ({cfg})")
+    counts = tile_counters(tiles, device, "the split-K decode tiles", cfg)
     ws = torch.empty(tiles * cfg.split_k * cfg.rows * cfg.block_t, dtype=torch.float32, device=device)
     return ws, counts
 
 
-def tile_counters(tiles: int, device, what: str):
+def tile_counters(tiles: int, device, what: str, cfg):
     """The device's persistent int32 counts (at least ``tiles``, zero between launches: split_workspace's), for
-    ``what`` (named in the error). L1's split-K runs and the one-token top-k sum of L2 share them: L2 runs
-    after L1 on the stream, when every L1 count is back to zero."""
+    ``what`` on tiles ``cfg`` (both named in the error only: no formatting per call). L1's split-K runs and the
+    one-token top-k sum of L2 share them: L2 runs after L1 on the stream, when every L1 count is back to zero."""
     key = str(device)
     counts = _COUNTS.get(key)
     if counts is None or counts.numel() < tiles:
         if torch.cuda.is_current_stream_capturing():
             raise RuntimeError(
-                f"triton_w4a16: {what} need {tiles} zeroed tile counters on {device}, first asked for inside "
+                f"triton_w4a16: {what} ({cfg}) need {tiles} zeroed tile counters on {device}, first asked for inside "
                 f"CUDA-graph capture, where their zero fill would not run before the graph is replayed; run the "
                 f"MoE forward once at this token count outside capture first (vLLM's warm-up and nvfp4stack's "
                 f"hopper_w4a16.warmup.warm_up do)")

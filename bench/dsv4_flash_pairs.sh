@@ -204,6 +204,7 @@ for p in $PHASES; do
         up "$m"
         if is_ready "$m"; then
             measure "$m" 1 BATCHES=1,32,256
+            measure_left "ours-tp4 round 2" && { log "measure ours-tp4 round 2"; measure "$m" 2 BATCHES=1,32,256; }
             profile "$m"
             grep -E "SpecDecoding metrics" "$RUNS/ours-tp4/vllm_server.log" | tail -3 | cut -c1-400 >> "$OUT/pairs.log"
             down "$m"

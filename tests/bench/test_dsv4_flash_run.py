@@ -155,3 +155,63 @@ def test_ratio_per_cell_with_noise_and_compiles(tmp_path, capsys):
     assert out[1].startswith("decode batch 1: 1.11x (140.7 vs 127.1 tok/s") and out[1].endswith("ours faster")
     assert out[2].endswith("within noise (the ranges overlap)")
     assert out[3].endswith("not a measurement: a compile inside its timed rounds")
+
+
+def test_a_refused_teacher_forced_request_is_reported_and_the_timed_cells_still_run(tmp_path):
+    """TP4 + EP + MTP (four H200s, 2026-11-28) answered the teacher-forced requests with HTTP 400, and the client
+    died before its first timed cell. Now vLLM's reason (the body) is printed and kept, and the client goes on."""
+    import http.server
+    import subprocess
+    import sys
+    import threading
+
+    reason = '{"error": {"message": "prompt_logprobs refused by this stand-in", "code": 400}}'
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            code, data = 200, json.dumps({"choices": [{"text": "x", "token_ids": [5], "logprobs": {
+                "tokens": ["x"], "token_logprobs": [-0.5]}}], "usage": {"completion_tokens": body["max_tokens"]}})
+            if body.get("prompt_logprobs"):
+                code, data = 400, reason
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data.encode())
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    out = tmp_path / "run.json"
+    try:
+        r = subprocess.run([sys.executable, str(SCRIPT), "--base-url", f"http://127.0.0.1:{srv.server_port}/v1",
+                            "--model", "m", "--json", str(out), "--batches", "2", "--rounds", "3",
+                            "--decode-tokens", "3", "--prefill-tokens", "16"],
+                           capture_output=True, text=True, timeout=120)
+    finally:
+        srv.shutdown()
+    assert r.returncode == 0, r.stderr
+    skipped = [line for line in r.stdout.splitlines() if line.startswith("teacher-forced scoring skipped:")]
+    assert len(skipped) == 7   # every prompt of 2 tokens or more
+    assert "answered HTTP 400" in skipped[0] and "prompt_logprobs refused by this stand-in" in skipped[0]
+    assert "'prompt_logprobs': 2" in skipped[0] and "a 2-token prompt" in skipped[0]
+    res = json.loads(out.read_text())
+    assert [t["prompt_len"] for t in res["teacher_forced"]] == [2, 4, 8, 16, 64, 256, 600]
+    assert all("HTTP 400" in t["error"] for t in res["teacher_forced"])
+    assert len(res["decode"]["2"]["rounds"]) == 3 and len(res["prefill"]["rounds"]) == 3
+
+
+def test_compare_leaves_out_prompts_a_server_refused_to_score(tmp_path, capsys):
+    a = _run([(1, [5], -1.0)], [-1.0, -2.0, -3.0, -4.0], [11, 12, 13, 14])
+    b = _run([(1, [5], -1.0)], [-1.0, -2.5, -3.0, -4.0], [11, 12, 13, 99])
+    a["teacher_forced"].insert(0, {"prompt_len": 4, "error": "HTTP 400"})
+    b["teacher_forced"].append({"prompt_len": 16, "error": "HTTP 400"})
+    (tmp_path / "a.json").write_text(json.dumps(a))
+    (tmp_path / "b.json").write_text(json.dumps(b))
+    _module().compare(str(tmp_path / "a.json"), str(tmp_path / "b.json"))
+    assert capsys.readouterr().out.splitlines()[1] == (
+        "teacher-forced, 4 positions: top-1 token equal at 3 (75.0%); |delta logprob| of the prompt's own token: "
+        "median 0.0000, p90 0.0000, max 0.5000 nats")

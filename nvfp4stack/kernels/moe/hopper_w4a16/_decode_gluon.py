@@ -23,12 +23,19 @@ Variants (PREFETCH): 0 loads each K step's tiles at the top of the step and reli
 to hide latency; 1 loads the next step's weight words before this step's math (one step of
 register double buffering). A cp.async shared-memory ring of 2-4 stages was also tried and was
 20-50% slower (bench/moe_kernel_notes.md).
+
+Programmatic dependent launch (``PDL``, sm90): L1 lets L2 launch as soon as every L1 program has
+started, and L2 is launched with ``launch_pdl``: its programs take the SM slots L1's last wave frees,
+load their first K step's weight words and scales (and the routing, written before L1), and only then
+wait (``gdc_wait``) for L1's h; everything L2 writes comes after that wait. L2 in turn lets the top-k
+sum launch early (fused_moe._topk_sum waits at its start).
 """
 from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from nvfp4stack.kernels.moe.hopper_w4a16._decode_epilogue import (
     _block_tokens,
@@ -163,7 +170,7 @@ def _gemm_rows(
     k_lo, k_hi,  # the K columns this CTA sums: [k_lo, k_hi), multiples of BK
     MMA: gl.constexpr, W_BYTES: gl.constexpr, W_BLOCKS: gl.constexpr, X_L: gl.constexpr,
     ROWS: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, PREFETCH: gl.constexpr, W32_L: gl.constexpr,
-    TILED: gl.constexpr,
+    TILED: gl.constexpr, WAIT: gl.constexpr,  # WAIT: gdc_wait before the first activation load (x: L1's h)
 ):
     S_L: gl.constexpr = gl.SliceLayout(2, W_BLOCKS)
     offs_wb = _w_cols(gl.arange(0, BK // 2, layout=gl.SliceLayout(0, W_BYTES)), TILED)
@@ -176,7 +183,15 @@ def _gemm_rows(
 
     acc = gl.zeros([ROWS, BT], gl.float32, layout=MMA)
     if PREFETCH == 0:  # plain loads, latency hidden by occupancy only
-        for k0 in range(k_lo, k_hi, BK):
+        k_first = k_lo
+        if WAIT:  # the first step peeled: its weights are loaded before the wait for the activations' writer
+            w = gl.load(w_ptrs + _w_col0(k_lo // 2, BK // 2, TILED))
+            sc = _scales(gl.load(s_ptrs + k_lo // 16))
+            gdc_wait()
+            x = gl.load(x_ptrs + k_lo, mask=xm, other=0.0)
+            acc = mma_v2(_dequant_a(w, sc, MMA, W_BLOCKS, ROWS, BK, TILED), _x_operand(x, MMA, BT, BK), acc)
+            k_first = k_lo + BK
+        for k0 in range(k_first, k_hi, BK):
             w = gl.load(w_ptrs + _w_col0(k0 // 2, BK // 2, TILED))
             sc = _scales(gl.load(s_ptrs + k0 // 16))
             x = gl.load(x_ptrs + k0, mask=xm, other=0.0)
@@ -187,6 +202,8 @@ def _gemm_rows(
         w32_ptrs = gl.expand_dims(w32_row, 1) + gl.expand_dims(_w_words(BK, gl.SliceLayout(0, W32), TILED), 0)
         w = gl.load(w32_ptrs + _w_col0(k_lo // 2, BK // 2, TILED) // 4)
         sc = gl.load(s_ptrs + k_lo // 16)
+        if WAIT:  # the first step's weights are on their way: now wait for the activations' writer
+            gdc_wait()
         for k0 in range(k_lo + BK, k_hi, BK):
             x = gl.load(x_ptrs + (k0 - BK), mask=xm, other=0.0)  # L2-resident: not prefetched
             w_n = gl.load(w32_ptrs + _w_col0(k0 // 2, BK // 2, TILED) // 4)
@@ -271,9 +288,11 @@ def l1_swiglu_decode_kernel(
     HAS_LIMIT: gl.constexpr,
     MMA: gl.constexpr, W_BYTES: gl.constexpr, W_BLOCKS: gl.constexpr, X_L: gl.constexpr,
     ROWS: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, PREFETCH: gl.constexpr, W32_L: gl.constexpr,
-    TILED: gl.constexpr, SPLIT: gl.constexpr,
+    TILED: gl.constexpr, SPLIT: gl.constexpr, PDL: gl.constexpr,
 ):
     # grid: (I // (ROWS/2), token blocks, SPLIT K runs); the fast axis walks n so that neighbours share x
+    if PDL:  # L2 may launch once every L1 program has started (it waits for L1's end before reading h)
+        gdc_launch_dependents()
     pid_n, pid_m = gl.program_id(0), gl.program_id(1)
     expert = _block_expert(expert_ids_ptr, num_padded_ptr, pid_m, BT)
     if expert < 0:
@@ -290,7 +309,7 @@ def l1_swiglu_decode_kernel(
                                    W_BYTES, W_BLOCKS, ROWS, TILED)
     k_lo, k_hi = _k_run(H, BK, SPLIT)
     acc = _gemm_rows(w_row, s_row, x_row, valid, k_lo, k_hi, MMA, W_BYTES, W_BLOCKS, X_L, ROWS, BT, BK,
-                     PREFETCH, W32_L, TILED)
+                     PREFETCH, W32_L, TILED, False)
     if SPLIT == 1:
         _l1_epilogue(acc, gs_ptr, expert, out_ptr, stride_om, n0, pid_m, limit, HAS_LIMIT, MMA, ROWS, BT, 0)
     else:  # the last of the tile's K runs applies the epilogue to their sum
@@ -310,13 +329,19 @@ def l2_decode_kernel(
     MMA: gl.constexpr, W_BYTES: gl.constexpr, W_BLOCKS: gl.constexpr, X_L: gl.constexpr,
     ROWS: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, PREFETCH: gl.constexpr, W32_L: gl.constexpr,
     TILED: gl.constexpr, SPLIT: gl.constexpr, FUSE_SUM: gl.constexpr,
+    PDL: gl.constexpr,  # launched with launch_pdl: wait for L1 (gdc_wait) before reading h or writing anything
 ):
     # grid: (H // ROWS, token blocks, SPLIT K runs)
+    if PDL:  # the top-k sum may launch once every L2 program has started (it waits for L2's end)
+        gdc_launch_dependents()
     pid_n, pid_m = gl.program_id(0), gl.program_id(1)
     n0 = pid_n * ROWS
+    # the routing was written before L1 started: readable before the wait
     expert = _block_expert(expert_ids_ptr, num_padded_ptr, pid_m, BT)
     if expert < 0:
         if FUSE_SUM:
+            if PDL:
+                gdc_wait()
             _one_token_zeros(expert_ids_ptr, top_k, sum_ptr, n0, pid_m, MMA, ROWS)
         return
 
@@ -327,7 +352,7 @@ def l2_decode_kernel(
                                    W_BYTES, W_BLOCKS, ROWS, TILED)
     k_lo, k_hi = _k_run(I, BK, SPLIT)
     acc = _gemm_rows(w_row, s_row, a_row, offs_t >= 0, k_lo, k_hi, MMA, W_BYTES, W_BLOCKS, X_L, ROWS, BT, BK,
-                     PREFETCH, W32_L, TILED)
+                     PREFETCH, W32_L, TILED, PDL)
     _l2_epilogue(acc, gs_ptr, expert, topk_w_ptr, out_ptr, stride_om, stride_os, sorted_ids_ptr, num_slots, n0,
                  pid_m, MMA, ROWS, BT, SPLIT)
     if FUSE_SUM:  # the top-k sum here, not in its own launch
@@ -336,11 +361,13 @@ def l2_decode_kernel(
 
 
 def launch(cfg1, cfg2, l1_args: tuple, l2_args: tuple, nblocks: int, inter: int, hidden: int,
-           limit: float, has_limit: bool, tiled: bool, rows_split_stride: int = 0, fused_sum=None) -> None:
+           limit: float, has_limit: bool, tiled: bool, rows_split_stride: int = 0, fused_sum=None,
+           pdl: bool = False) -> None:
     """Both GEMMs on (L1, L2) DecodeConfig tiles; args as fused_moe.nvfp4_moe_forward_triton builds them
     (``tiled``: the weights in tiles.py's layout; ``rows_split_stride``: the first-dim stride of the top-k
     rows' fp32 partials where L2's split_k is over 1; ``fused_sum``: (out [1, H], top_k) where the routing
-    is one token's (routing.one_token_routing), whose top-k sum L2 then does itself)."""
+    is one token's (routing.one_token_routing), whose top-k sum L2 then does itself; ``pdl``: L2 by
+    programmatic dependent launch, see the module docstring)."""
     def layouts(c) -> dict:
         mma, w_bytes, w_blocks, x_l, extra = decode_layouts(c.num_warps, c.mrep, c.block_t, c.block_k, c.prefetch)
         return dict(MMA=mma, W_BYTES=w_bytes, W_BLOCKS=w_blocks, X_L=x_l, ROWS=c.rows, BT=c.block_t,
@@ -350,9 +377,10 @@ def launch(cfg1, cfg2, l1_args: tuple, l2_args: tuple, nblocks: int, inter: int,
     n_tiles = inter // (cfg1.rows // 2)
     ws, counts = split_workspace(cfg1, n_tiles * nblocks, l1_args[0].device)
     l1_swiglu_decode_kernel[(n_tiles, nblocks, cfg1.split_k)](
-        *l1_args, limit, ws, counts, HAS_LIMIT=has_limit, **layouts(cfg1))
+        *l1_args, limit, ws, counts, HAS_LIMIT=has_limit, PDL=pdl, **layouts(cfg1))
     out, top_k = fused_sum or (counts, 0)
     sum_counts = tile_counters(hidden // cfg2.rows, out.device, "the one-token top-k sum", cfg2) if fused_sum \
         else counts
     l2_decode_kernel[(hidden // cfg2.rows, nblocks, cfg2.split_k)](
-        *l2_args, rows_split_stride, out, sum_counts, top_k, FUSE_SUM=fused_sum is not None, **layouts(cfg2))
+        *l2_args, rows_split_stride, out, sum_counts, top_k, FUSE_SUM=fused_sum is not None, PDL=pdl,
+        launch_pdl=pdl, **layouts(cfg2))

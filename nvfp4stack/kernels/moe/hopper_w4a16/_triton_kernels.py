@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 
 # The tiles carry value * scale * 2**-8 (see _dequant_tile); the epilogue multiplies it back.
 _TILE_UNSCALE = tl.constexpr(256.0)
@@ -312,11 +313,14 @@ def l2_combine_kernel(
 
 @triton.jit
 def topk_sum_kernel(rows_ptr, ids_ptr, out_ptr, H, stride_rs, TOP_K: tl.constexpr, SPLIT: tl.constexpr,
-                    BLOCK: tl.constexpr):
+                    BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """out[t, :] = sum_j sum_s rows[s, t*TOP_K + j, :] in fp32, cast once: the top-k combine in one launch
     (the torch form, sum(dtype=fp32) then .to(), is two); SPLIT > 1: the L2 runs' partials (split_k).
     Slots whose expert id is negative (another rank's expert) were computed by no block: their rows are
-    skipped, not read."""
+    skipped, not read. PDL: launched with launch_pdl after the Gluon decode L2 (sm90), so it first waits for
+    L2's end."""
+    if PDL:
+        gdc_wait()
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = offs < H

@@ -32,7 +32,8 @@ def split_workspace(cfg, tiles: int, device) -> tuple:
 def tile_counters(tiles: int, device, what: str, cfg):
     """The device's persistent int32 counts (at least ``tiles``, zero between launches: split_workspace's), for
     ``what`` on tiles ``cfg`` (both named in the error only: no formatting per call). L1's split-K runs and the
-    one-token top-k sum of L2 share them: L2 runs after L1 on the stream, when every L1 count is back to zero."""
+    one-token top-k sum of L2 share them: L2 reads them after L1 has ended (after it on the stream, or, launched
+    with PDL, after its gdc_wait), when every L1 count is back to zero."""
     key = str(device)
     counts = _COUNTS.get(key)
     if counts is None or counts.numel() < tiles:

@@ -210,12 +210,22 @@ def nvfp4_moe_forward_triton(
     else:
         for args in launches:
             _launch_gemms(*args)
-    return _topk_sum(rows_all, topk_ids, hidden, out_dtype)
+    return _topk_sum(rows_all, topk_ids, hidden, out_dtype, pdl=len(launches) == 1 and _pdl_pair(cfg1))
 
 
 # one token on the mma.sync decode tiles: no routing launch, the top-k sum inside L2 (False: as for more tokens;
 # the A/B of bench/tools/one_token_ab.py)
 ONE_TOKEN = True
+
+
+# programmatic dependent launch between the mma.sync decode kernels (L1 -> L2 -> top-k sum; sm90 only, as they are):
+# L2's programs start in L1's tail and load their first weights before waiting for h (False: plain launches;
+# the A/B of bench/tools/one_token_ab.py --flag pdl)
+PDL = True
+
+
+def _pdl_pair(cfg1) -> bool:
+    return PDL and isinstance(cfg1, DecodeConfig) and not cfg1.wgmma
 
 
 def one_token_path(tokens: int, cfg1) -> bool:
@@ -261,7 +271,7 @@ def _launch_gemms(cfg1, cfg2, l1_args: tuple, l2_args: tuple, nblocks: int, inte
             from nvfp4stack.kernels.moe.hopper_w4a16 import _decode_gluon as kernels
 
             kernels.launch(cfg1, cfg2, l1_args, l2_args, nblocks, inter, hidden, limit, has_limit, tiled, rows_split_stride,
-                           fused_sum)
+                           fused_sum, pdl=_pdl_pair(cfg1))
         return
     from nvfp4stack.kernels.moe.hopper_w4a16._triton_kernels import l1_swiglu_kernel, l2_combine_kernel
 
@@ -276,16 +286,18 @@ def _weight_args(data: torch.Tensor, scale: torch.Tensor, global_scale: torch.Te
     return (data, data.stride(0), data.stride(1), scale, scale.stride(0), scale.stride(1), global_scale)
 
 
-def _topk_sum(rows: torch.Tensor, topk_ids: torch.Tensor, hidden: int, out_dtype) -> torch.Tensor:
+def _topk_sum(rows: torch.Tensor, topk_ids: torch.Tensor, hidden: int, out_dtype, pdl: bool = False) -> torch.Tensor:
     """Top-k combine in fp32 (like vLLM's moe_sum) of ``rows`` [runs, tokens * top_k, hidden] (more than one
-    run: L2's split_k partials, summed too), one launch; slots of negative ids skipped."""
+    run: L2's split_k partials, summed too), one launch; slots of negative ids skipped. ``pdl``: right after
+    the Gluon decode L2 (which lets it launch early), by programmatic dependent launch."""
     from nvfp4stack.kernels.moe.hopper_w4a16._triton_kernels import topk_sum_kernel
 
     tokens, top_k = topk_ids.shape
     out = torch.empty((tokens, hidden), dtype=out_dtype, device=rows.device)
     block = 1024
     topk_sum_kernel[(tokens, triton_cdiv(hidden, block))](rows, topk_ids.contiguous(), out, hidden, rows.stride(0),
-                                                          TOP_K=top_k, SPLIT=rows.shape[0], BLOCK=block, num_warps=4)
+                                                          TOP_K=top_k, SPLIT=rows.shape[0], BLOCK=block, num_warps=4,
+                                                          PDL=pdl, launch_pdl=pdl)
     return out
 
 

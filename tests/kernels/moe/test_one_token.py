@@ -5,36 +5,14 @@ with and without the clamp, under EP (-1 ids, a token with none of this rank's e
 captured CUDA graph with new routing at each replay; the capture-time fallback. CPU: routing.one_token_routing
 and the warm-up keys are tested in test_routing.py / test_warmup.py.
 """
-import os
-
 import pytest
 import torch
+
+from tests.support.decode_moe import fresh_generator, nvfp4_experts, on_and_off, sm90_or_skip
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU with Triton")
 LIMIT = 10.0
 H, I = 2048, 1024  # L1: 8 K steps of 256, L2: 8 of 128 (split 1, 2, 4, 8 divide both)
-
-
-def _sm90():
-    from nvfp4stack.kernels.moe.hopper_w4a16.fused_moe import decode_available
-
-    if not decode_available(torch.device("cuda")):
-        pytest.skip("the one-token path runs the mma.sync decode kernels: sm90 only")
-
-
-def _gen() -> torch.Generator:
-    seed = int.from_bytes(os.urandom(4), "little")
-    print(f"seed={seed}")
-    return torch.Generator(device="cuda").manual_seed(seed)
-
-
-def _experts(g, experts):
-    from nvfp4stack.formats.nvfp4 import quantize_nvfp4
-
-    w13 = torch.randn(experts, 2 * I, H, device="cuda", generator=g)
-    w13 *= torch.rand(experts, 2 * I, 1, device="cuda", generator=g) * 3 / H**0.5  # rows of other scales
-    w2 = torch.randn(experts, H, I, device="cuda", generator=g) / I**0.5
-    return quantize_nvfp4(w13, name="w13"), quantize_nvfp4(w2, name="w2")
 
 
 def _token(g, experts, top_k=6, other=0.0):
@@ -56,18 +34,6 @@ def _pair(s1, s2):
         D(l2.block_t, l2.mrep, l2.block_k, l2.num_warps, l2.prefetch, split_k=s2)
 
 
-def _both(monkeypatch, call):
-    """(one-token path, general path) outputs of ``call``."""
-    from nvfp4stack.kernels.moe.hopper_w4a16 import fused_moe as fm
-
-    fast = call()
-    monkeypatch.setattr(fm, "ONE_TOKEN", False)
-    slow = call()
-    monkeypatch.setattr(fm, "ONE_TOKEN", True)
-    torch.cuda.synchronize()
-    return fast, slow
-
-
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("tiled", [False, True])
@@ -77,13 +43,13 @@ def test_same_bits_as_the_general_path(splits, tiled, monkeypatch):
     from nvfp4stack.kernels.moe.hopper_w4a16.fused_moe import nvfp4_moe_forward_triton
     from nvfp4stack.kernels.moe.hopper_w4a16.torch_twin import nvfp4_moe_forward
 
-    _sm90()
-    g = _gen()
-    w13, w2 = _experts(g, 32)
+    sm90_or_skip("the one-token path runs the mma.sync decode kernels")
+    g = fresh_generator()
+    w13, w2 = nvfp4_experts(g, 32, H, I)
     k13, k2 = tiles.tile_experts(w13, w2) if tiled else (w13, w2)
     for other, limit, routed in ((0.0, LIMIT, 0), (0.0, None, 0), (0.5, LIMIT, 64), (1.0, LIMIT, 64)):
         x, ids, wts = _token(g, 32, other=other)
-        fast, slow = _both(monkeypatch, lambda: nvfp4_moe_forward_triton(
+        fast, slow = on_and_off(monkeypatch, "ONE_TOKEN", lambda: nvfp4_moe_forward_triton(
             x, k13, k2, wts, ids, swiglu_limit=limit, config=_pair(*splits), poison=True, tiled=tiled,
             routed_experts=routed))
         assert fast.shape == (1, H) and fast.dtype == torch.bfloat16
@@ -107,15 +73,15 @@ def test_one_token_in_cuda_graph_and_capture_fallback(monkeypatch):
     from nvfp4stack.kernels.moe.hopper_w4a16 import decode_buffers, routing_triton
     from nvfp4stack.kernels.moe.hopper_w4a16.fused_moe import nvfp4_moe_forward_triton
 
-    _sm90()
-    g = _gen()
-    w13, w2 = _experts(g, 64)
+    sm90_or_skip("the one-token path runs the mma.sync decode kernels")
+    g = fresh_generator()
+    w13, w2 = nvfp4_experts(g, 64, H, I)
     x, ids, wts = _token(g, 64)
     pair = _pair(2, 2)
     run = lambda: nvfp4_moe_forward_triton(x, w13, w2, wts, ids, swiglu_limit=LIMIT, config=pair)  # noqa: E731
     first = run()
     assert all(torch.equal(first, run()) for _ in range(3))
-    assert torch.equal(first, _both(monkeypatch, run)[1])  # the fallback's kernels compiled outside capture
+    assert torch.equal(first, on_and_off(monkeypatch, "ONE_TOKEN", run)[1])  # the fallback's kernels compiled outside capture
     graphs = {}
     for cached in (True, False):
         if not cached:

@@ -6,36 +6,14 @@ split-K or not, under EP (-1 ids), eager and in a captured CUDA graph replayed w
 graph keeps the programmatic edges); each also against the fp32 twin. CPU: nothing here runs (the kernels are
 Gluon, sm90 only); the flag's plumbing is on the GPU path alone.
 """
-import os
-
 import pytest
 import torch
+
+from tests.support.decode_moe import fresh_generator, nvfp4_experts, on_and_off, sm90_or_skip
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU with Triton")
 LIMIT = 10.0
 H, I = 2048, 1024
-
-
-def _sm90():
-    from nvfp4stack.kernels.moe.hopper_w4a16.fused_moe import decode_available
-
-    if not decode_available(torch.device("cuda")):
-        pytest.skip("programmatic dependent launch is used between the mma.sync decode kernels: sm90 only")
-
-
-def _gen() -> torch.Generator:
-    seed = int.from_bytes(os.urandom(4), "little")
-    print(f"seed={seed}")
-    return torch.Generator(device="cuda").manual_seed(seed)
-
-
-def _experts(g, experts):
-    from nvfp4stack.formats.nvfp4 import quantize_nvfp4
-
-    w13 = torch.randn(experts, 2 * I, H, device="cuda", generator=g)
-    w13 *= torch.rand(experts, 2 * I, 1, device="cuda", generator=g) * 3 / H**0.5  # rows of other scales
-    w2 = torch.randn(experts, H, I, device="cuda", generator=g) / I**0.5
-    return quantize_nvfp4(w13, name="w13"), quantize_nvfp4(w2, name="w2")
 
 
 def _tokens(g, tokens, experts, top_k=6, other=0.0):
@@ -59,19 +37,6 @@ def _pairs():
     return out
 
 
-def _both(monkeypatch, call):
-    """(PDL, plain launches) outputs of ``call``."""
-    from nvfp4stack.kernels.moe.hopper_w4a16 import fused_moe as fm
-
-    assert fm.PDL
-    on = call()
-    monkeypatch.setattr(fm, "PDL", False)
-    off = call()
-    monkeypatch.setattr(fm, "PDL", True)
-    torch.cuda.synchronize()
-    return on, off
-
-
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("tokens", [1, 3, 16])
@@ -80,14 +45,14 @@ def test_same_bits_as_plain_launches(tokens, monkeypatch):
     from nvfp4stack.kernels.moe.hopper_w4a16.fused_moe import nvfp4_moe_forward_triton
     from nvfp4stack.kernels.moe.hopper_w4a16.torch_twin import nvfp4_moe_forward
 
-    _sm90()
-    g = _gen()
-    w13, w2 = _experts(g, 32)
+    sm90_or_skip("programmatic dependent launch is used between the mma.sync decode kernels")
+    g = fresh_generator()
+    w13, w2 = nvfp4_experts(g, 32, H, I)
     k13, k2 = tiles.tile_experts(w13, w2)
     for pair in _pairs():
         for other, routed in ((0.0, 0), (0.5, 64)):
             x, ids, wts = _tokens(g, tokens, 32, other=other)
-            on, off = _both(monkeypatch, lambda: nvfp4_moe_forward_triton(
+            on, off = on_and_off(monkeypatch, "PDL", lambda: nvfp4_moe_forward_triton(
                 x, k13, k2, wts, ids, swiglu_limit=LIMIT, config=pair, poison=True, tiled=True,
                 routed_experts=routed))
             assert on.shape == (tokens, H) and torch.equal(on, off), f"PDL differs: {pair}, ids {ids.tolist()}"
@@ -106,13 +71,13 @@ def test_pdl_in_a_cuda_graph(tokens, monkeypatch):
     plain launches bit for bit."""
     from nvfp4stack.kernels.moe.hopper_w4a16.fused_moe import nvfp4_moe_forward_triton
 
-    _sm90()
-    g = _gen()
-    w13, w2 = _experts(g, 64)
+    sm90_or_skip("programmatic dependent launch is used between the mma.sync decode kernels")
+    g = fresh_generator()
+    w13, w2 = nvfp4_experts(g, 64, H, I)
     x, ids, wts = _tokens(g, tokens, 64)
     pair = _pairs()[1]  # split 2 / 2: L1's counters and L2's partials under PDL
     run = lambda: nvfp4_moe_forward_triton(x, w13, w2, wts, ids, swiglu_limit=LIMIT, config=pair)  # noqa: E731
-    _both(monkeypatch, run)  # both variants compiled, the counters made, outside capture
+    on_and_off(monkeypatch, "PDL", run)  # both variants compiled, the counters made, outside capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = run()
@@ -123,4 +88,4 @@ def test_pdl_in_a_cuda_graph(tokens, monkeypatch):
         wts.copy_(nwts)
         graph.replay()
         torch.cuda.synchronize()
-        assert torch.equal(out, _both(monkeypatch, run)[1]), "a PDL graph's replay differs from plain launches"
+        assert torch.equal(out, on_and_off(monkeypatch, "PDL", run)[1]), "a PDL graph's replay differs from plain launches"

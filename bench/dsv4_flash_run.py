@@ -46,7 +46,10 @@ def _post(url: str, body: dict, timeout: float = 600) -> dict:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return json.loads(r.read())
     except urllib.error.HTTPError as e:   # vLLM puts the reason in the body (a 400 says which parameter)
-        reason = e.read().decode(errors="replace")[:2000]
+        try:
+            reason = e.read().decode(errors="replace")[:2000]
+        except OSError as read_error:   # the connection went with the answer
+            reason = f"(no body: {read_error})"
         settings = {k: v for k, v in body.items() if k != "prompt"}
         raise ServerRefused(f"{url} answered HTTP {e.code} to a request with {settings} and a "
                             f"{len(body.get('prompt', []))}-token prompt: {reason}") from None
@@ -148,6 +151,10 @@ def compare(a_path: str, b_path: str) -> int:
     scored_b = {t["prompt_len"]: t for t in b.get("teacher_forced", []) if "error" not in t}
     pairs = [(t, scored_b[t["prompt_len"]]) for t in a.get("teacher_forced", [])
              if "error" not in t and t["prompt_len"] in scored_b]
+    refused = [[t["prompt_len"] for t in r.get("teacher_forced", []) if "error" in t] for r in (a, b)]
+    if refused[0] or refused[1]:
+        print(f"teacher-forced: prompts left out, refused by the server (lengths): first run {refused[0]}, "
+              f"second run {refused[1]}")
     for ta, tb in pairs:
         diffs += [abs(x - y) for x, y in zip(ta["own_logprob"], tb["own_logprob"])]
         agree += sum(x == y for x, y in zip(ta["top1"], tb["top1"]))

@@ -43,6 +43,8 @@ def main() -> int:
     flag = {"one_token": "ONE_TOKEN", "pdl": "PDL"}[a.flag]
     counts = [int(t) for t in (a.tokens or ("1" if a.flag == "one_token" else "1,2,4,8")).split(",")]
     on_name, off_name = ("one-token", "general") if a.flag == "one_token" else ("pdl", "plain")
+    if a.flag == "one_token" and counts != [1]:
+        p.error(f"--tokens: the one-token path runs at one token only, found {a.tokens}; drop --tokens")
     if not torch.cuda.is_available():
         print("one_token_ab: needs a CUDA GPU (sm90: the Gluon decode kernels); nothing run")
         return 2
@@ -73,6 +75,11 @@ def main() -> int:
                     times[on].append(cold_time_us(run, flush))
             setattr(fm, flag, True)
             med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+            # the tiles this load takes: the switches act on the mma.sync decode pair only (on wgmma tiles both
+            # variants run the same code: a control row)
+            rpe = fm.routed_rows_per_expert(tokens, 6, experts, routed)
+            pair = fm.pick_tiles(rpe, hidden, inter, decode=True)
+            tiles = "wgmma ring (switch not used)" if getattr(pair[0], "wgmma", 0) else "mma.sync"
             live = int((ids >= 0).sum())
             active = int(torch.unique(ids[ids >= 0]).numel())  # the experts whose weights are read once each
             hbm = active * expert_bytes / (med[True] * 1e-6) / (HBM_TBS * 1e12) * 100
@@ -80,7 +87,7 @@ def main() -> int:
                   f"{on_name} {med[True]:6.1f} "
                   f"[{min(times[True]):.1f}-{max(times[True]):.1f}] us | {off_name} {med[False]:6.1f} "
                   f"[{min(times[False]):.1f}-{max(times[False]):.1f}] us | {med[False] / med[True]:.2f}x | "
-                  f"{hbm:.0f}% of HBM | equal bits: {torch.equal(outs[True], outs[False])}", flush=True)
+                  f"{hbm:.0f}% of HBM | equal bits: {torch.equal(outs[True], outs[False])} | {tiles}", flush=True)
     return 0
 
 

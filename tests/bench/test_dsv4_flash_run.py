@@ -205,13 +205,21 @@ def test_a_refused_teacher_forced_request_is_reported_and_the_timed_cells_still_
 
 
 def test_compare_leaves_out_prompts_a_server_refused_to_score(tmp_path, capsys):
+    """A prompt one run refused and the other scored is left out on both sides (and said), in either direction;
+    the rest pair by length, whatever their order."""
     a = _run([(1, [5], -1.0)], [-1.0, -2.0, -3.0, -4.0], [11, 12, 13, 14])
     b = _run([(1, [5], -1.0)], [-1.0, -2.5, -3.0, -4.0], [11, 12, 13, 99])
+    far = {"own_logprob": [-40.0, -40.0], "top1": [1, 2]}   # would change every figure if it were paired
     a["teacher_forced"].insert(0, {"prompt_len": 4, "error": "HTTP 400"})
+    b["teacher_forced"].insert(0, {"prompt_len": 4, **far})
+    a["teacher_forced"].append({"prompt_len": 16, **far})
     b["teacher_forced"].append({"prompt_len": 16, "error": "HTTP 400"})
+    b["teacher_forced"].reverse()
     (tmp_path / "a.json").write_text(json.dumps(a))
     (tmp_path / "b.json").write_text(json.dumps(b))
     _module().compare(str(tmp_path / "a.json"), str(tmp_path / "b.json"))
-    assert capsys.readouterr().out.splitlines()[1] == (
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == "teacher-forced: prompts left out, refused by the server (lengths): first run [4], second run [16]"
+    assert lines[2] == (
         "teacher-forced, 4 positions: top-1 token equal at 3 (75.0%); |delta logprob| of the prompt's own token: "
         "median 0.0000, p90 0.0000, max 0.5000 nats")

@@ -3,8 +3,9 @@
 
 GPU (sm90): the same bits as plain launches at 1-16 tokens on every mma.sync pair the tile choice can take,
 split-K or not, under EP (-1 ids), eager and in a captured CUDA graph replayed with new inputs and routing (the
-graph keeps the programmatic edges); each also against the fp32 twin. CPU: nothing here runs (the kernels are
-Gluon, sm90 only); the flag's plumbing is on the GPU path alone.
+graph keeps the programmatic edges); each also against the fp32 twin; and the decode launch is asked for PDL
+exactly when the switch is on. CPU: which tiles take it (the mma.sync pairs; not the wgmma ring, not the Triton
+tiles, not with the switch off).
 """
 import pytest
 import torch
@@ -37,6 +38,17 @@ def _pairs():
     return out
 
 
+def test_pdl_goes_with_the_mma_sync_pairs_only(monkeypatch):
+    from nvfp4stack.kernels.moe.hopper_w4a16 import fused_moe as fm
+    from nvfp4stack.kernels.moe.hopper_w4a16.tile_choice import _DECODE_FEW, _DECODE_T16_RING, CANDIDATES
+
+    assert fm.PDL is True
+    assert all(fm._pdl_pair(p[0]) for p in _pairs())
+    assert not fm._pdl_pair(_DECODE_T16_RING[0]) and not fm._pdl_pair(CANDIDATES[0][0])
+    monkeypatch.setattr(fm, "PDL", False)
+    assert not fm._pdl_pair(_DECODE_FEW[0])
+
+
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("tokens", [1, 3, 16])
@@ -46,15 +58,20 @@ def test_same_bits_as_plain_launches(tokens, monkeypatch):
     from nvfp4stack.kernels.moe.hopper_w4a16.torch_twin import nvfp4_moe_forward
 
     sm90_or_skip("programmatic dependent launch is used between the mma.sync decode kernels")
+    from nvfp4stack.kernels.moe.hopper_w4a16 import _decode_gluon as dg  # Gluon: importable where the kernels run
+
     g = fresh_generator()
     w13, w2 = nvfp4_experts(g, 32, H, I)
     k13, k2 = tiles.tile_experts(w13, w2)
+    asked, launch = [], dg.launch
+    monkeypatch.setattr(dg, "launch", lambda *a, **k: (asked.append(k["pdl"]), launch(*a, **k))[1])
     for pair in _pairs():
         for other, routed in ((0.0, 0), (0.5, 64)):
             x, ids, wts = _tokens(g, tokens, 32, other=other)
             on, off = on_and_off(monkeypatch, "PDL", lambda: nvfp4_moe_forward_triton(
                 x, k13, k2, wts, ids, swiglu_limit=LIMIT, config=pair, poison=True, tiled=True,
                 routed_experts=routed))
+            assert asked[-2:] == [True, False]   # the switch reached the launch
             assert on.shape == (tokens, H) and torch.equal(on, off), f"PDL differs: {pair}, ids {ids.tolist()}"
             zeroed = torch.where(ids < 0, torch.zeros_like(wts), wts)
             ref = nvfp4_moe_forward(x.float(), w13, w2, zeroed, ids.clamp(min=0), swiglu_limit=LIMIT)

@@ -15,13 +15,14 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from tests.support.local_server import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -51,11 +52,6 @@ def readme_commands() -> list[tuple[str, str | None]]:
             out.append((cmd.strip(), m.group(1) if m else None))
     return out
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _check_gpu_only_command(cmd: str) -> None:
@@ -205,11 +201,11 @@ def test_readme_command_runs(cmd, marker, scratch, request):
         argv += BUDGETS.get(word, [])
         timeout = 900
     if word in LONG_RUNNING and "engine.dry_run=true" not in argv:
-        argv.append(f"engine.port={_free_port()}")
+        argv.append(f"engine.port={free_port()}")
         out = _run_until_ready(argv, scratch)
     else:
         if word == "bench":
-            argv.append(f"engine.port={_free_port()}")
+            argv.append(f"engine.port={free_port()}")
         proc = subprocess.run(argv, cwd=scratch, env=_env(), capture_output=True, text=True, timeout=timeout)
         out = proc.stdout + proc.stderr
         assert proc.returncode == 0, f"README command failed (exit {proc.returncode}): {shlex.join(argv)}\n{out[-4000:]}"

@@ -3,7 +3,6 @@ rounds run interleaved on the server starts each mode promises, and resume; Humm
 vLLM's own flag and skipped on a clamped model; and the whole benchmark runs live on CPU (vLLM
 servers, vLLM's own ``bench serve``)."""
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,15 +11,7 @@ import pytest
 
 from nvfp4stack.bench.engine import SETTINGS, check_settings, table
 from nvfp4stack.bench.rounds import speedup
-
-ROOT = Path(__file__).resolve().parents[2]
-CACHE = Path("~/.cache/nvfp4stack").expanduser()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.support.local_server import CACHE, ROOT, free_port
 
 
 def test_unknown_setting_names_the_key_and_the_choices():

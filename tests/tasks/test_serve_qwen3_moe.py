@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.tasks.test_serve import CACHE, FLIP_ATOL, LOGPROB_ATOL, free_port, wait_for_models
+from tests.support.local_server import CACHE, free_port
+from tests.tasks.test_serve import FLIP_ATOL, LOGPROB_ATOL, wait_for_models
 
 ROOT = Path(__file__).resolve().parents[2]
 LAYERS = 4   # TinyQwen3MoeSpec().num_hidden_layers: every layer is MoE

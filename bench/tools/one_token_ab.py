@@ -75,11 +75,12 @@ def main() -> int:
                     times[on].append(cold_time_us(run, flush))
             setattr(fm, flag, True)
             med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
-            # the tiles this load takes: the switches act on the mma.sync decode pair only (on wgmma tiles both
+            # the forward's own choice of tiles for this load, and whether the switch acts on it (on other tiles both
             # variants run the same code: a control row)
-            rpe = fm.routed_rows_per_expert(tokens, 6, experts, routed)
-            pair = fm.pick_tiles(rpe, hidden, inter, decode=True)
-            tiles = "wgmma ring (switch not used)" if getattr(pair[0], "wgmma", 0) else "mma.sync"
+            cfg1 = fm.pick_call(fm.routed_rows_per_expert(tokens, 6, experts, routed), tokens * 6, experts, hidden,
+                                inter, fm.decode_available(dev), fm.sm_count(dev))[0]
+            used = fm.one_token_path(tokens, cfg1) if a.flag == "one_token" else fm.pdl_path(cfg1)
+            switch = f"{'switch used' if used else 'switch not used (a control)'} on {cfg1}"
             live = int((ids >= 0).sum())
             active = int(torch.unique(ids[ids >= 0]).numel())  # the experts whose weights are read once each
             hbm = active * expert_bytes / (med[True] * 1e-6) / (HBM_TBS * 1e12) * 100
@@ -87,7 +88,7 @@ def main() -> int:
                   f"{on_name} {med[True]:6.1f} "
                   f"[{min(times[True]):.1f}-{max(times[True]):.1f}] us | {off_name} {med[False]:6.1f} "
                   f"[{min(times[False]):.1f}-{max(times[False]):.1f}] us | {med[False] / med[True]:.2f}x | "
-                  f"{hbm:.0f}% of HBM | equal bits: {torch.equal(outs[True], outs[False])} | {tiles}", flush=True)
+                  f"{hbm:.0f}% of HBM | equal bits: {torch.equal(outs[True], outs[False])} | {switch}", flush=True)
     return 0
 
 

@@ -43,10 +43,10 @@ def test_pdl_goes_with_the_mma_sync_pairs_only(monkeypatch):
     from nvfp4stack.kernels.moe.hopper_w4a16.tile_choice import _DECODE_FEW, _DECODE_T16_RING, CANDIDATES
 
     assert fm.PDL is True
-    assert all(fm._pdl_pair(p[0]) for p in _pairs())
-    assert not fm._pdl_pair(_DECODE_T16_RING[0]) and not fm._pdl_pair(CANDIDATES[0][0])
+    assert all(fm.pdl_path(p[0]) for p in _pairs())
+    assert not fm.pdl_path(_DECODE_T16_RING[0]) and not fm.pdl_path(CANDIDATES[0][0])
     monkeypatch.setattr(fm, "PDL", False)
-    assert not fm._pdl_pair(_DECODE_FEW[0])
+    assert not fm.pdl_path(_DECODE_FEW[0])
 
 
 @gpu

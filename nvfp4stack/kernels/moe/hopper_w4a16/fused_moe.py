@@ -210,7 +210,7 @@ def nvfp4_moe_forward_triton(
     else:
         for args in launches:
             _launch_gemms(*args)
-    return _topk_sum(rows_all, topk_ids, hidden, out_dtype, pdl=len(launches) == 1 and _pdl_pair(cfg1))
+    return _topk_sum(rows_all, topk_ids, hidden, out_dtype, pdl=len(launches) == 1 and pdl_path(cfg1))
 
 
 # one token on the mma.sync decode tiles: no routing launch, the top-k sum inside L2 (False: as for more tokens;
@@ -224,7 +224,8 @@ ONE_TOKEN = True
 PDL = True
 
 
-def _pdl_pair(cfg1) -> bool:
+def pdl_path(cfg1) -> bool:
+    """Whether a call on L1 tiles ``cfg1`` chains its launches by PDL (the mma.sync decode pair, switch on)."""
     return PDL and isinstance(cfg1, DecodeConfig) and not cfg1.wgmma
 
 
@@ -271,7 +272,7 @@ def _launch_gemms(cfg1, cfg2, l1_args: tuple, l2_args: tuple, nblocks: int, inte
             from nvfp4stack.kernels.moe.hopper_w4a16 import _decode_gluon as kernels
 
             kernels.launch(cfg1, cfg2, l1_args, l2_args, nblocks, inter, hidden, limit, has_limit, tiled, rows_split_stride,
-                           fused_sum, pdl=_pdl_pair(cfg1))
+                           fused_sum, pdl=pdl_path(cfg1))
         return
     from nvfp4stack.kernels.moe.hopper_w4a16._triton_kernels import l1_swiglu_kernel, l2_combine_kernel
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from nvfp4stack.usage import did_you_mean
 
 BENCHES = ("formats", "moe_kernel", "cold_start", "engine")
-SERVERS = ("one_at_a_time", "together")   # bench.engine_servers
+SERVERS = ("one_at_a_time", "sequential", "together")   # bench.engine_servers
 
 
 @dataclass
@@ -23,7 +23,8 @@ class BenchConfig:
     engine_settings: list[str] = field(default_factory=lambda: ["triton_w4a16", "triton_w4a16+fp8", "marlin",
                                                                 "humming", "bf16"])
     engine_rounds: int = 3              # rounds per setting and load, interleaved (median and min-max per cell)
-    engine_servers: str = "one_at_a_time"   # one_at_a_time (a start per round) | together (one start each, all alive)
+    engine_servers: str = "one_at_a_time"   # one_at_a_time (a start per round) | sequential (one start each, alone,
+    # its rounds back to back) | together (one start each, all alive)
     engine_cold_caches: bool = False    # every server start with empty JIT/compile caches (a fresh machine's ready time)
     engine_model: str = "synthetic"     # synthetic (Flash expert shapes, built once) | recipe (its checkpoint)
     engine_model_layers: int = 8        # synthetic: 1 dense + 7 MoE layers

@@ -19,7 +19,8 @@ shapes (``ModelFamily.synthetic_checkpoint``); ``recipe`` serves the recipe's ow
 Every setting is measured in ``bench.engine_rounds`` rounds (bench/rounds.py: interleaved, every
 other round backwards). ``bench.engine_servers``: ``one_at_a_time`` starts a setting's server for
 each of its rounds (one GPU holds one server; the ready time gets a value per round);
-``together`` starts each setting's server once, all of them alive at once with
+``sequential`` starts each setting's server once and takes all its rounds on that start, one
+server alive at a time; ``together`` starts each setting's server once, all of them alive at once with
 ``engine.gpu_memory_utilization`` split between them, and runs every round on those starts.
 One table: per cell the median [min-max] and the spread (max-min)/median of the rounds, and the
 speed-ups of each of our settings over each baseline measured in the same run ("within noise" where
@@ -34,14 +35,11 @@ import time
 from pathlib import Path
 
 from nvfp4stack.bench.engine_measure import measure
-from nvfp4stack.bench.rounds import Cell, ratio_text, schedule, worst_spread
+from nvfp4stack.bench.engine_table import BASELINES, READY, cells, host_bound_line, spread_lines, table
+from nvfp4stack.bench.rounds import schedule
 from nvfp4stack.io_atomic import atomic_write_text
 from nvfp4stack.plan.kv_cache import DEFAULT_GPU_UTIL  # vLLM's own default, split by servers=together
 from nvfp4stack.run_dir import versions
-
-BASELINES = ("marlin", "humming", "bf16")
-READY = "engine ready s"
-SPREAD_GOAL = 0.05   # issue #35: repeats within 5% at every load
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,46 +134,6 @@ def synthetic_checkpoints(cfg, experts: set[str]) -> dict[str, Path]:
                      "(ModelFamily.synthetic_checkpoint); use bench.engine_model=recipe")
 
 
-def cells(results: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, Cell]]:
-    """Every round's numbers -> one Cell per (setting, metric)."""
-    return {n: {m: Cell(tuple(v)) for m, v in res.items() if v} for n, res in results.items()}
-
-
-def table(results: dict[str, dict[str, list[float]]]) -> list[dict]:
-    """Rows = metrics, columns = settings (median [min-max] spread), then ours/baseline speed-ups of
-    the medians for every pair measured ("within noise" where the ranges overlap)."""
-    c = cells(results)
-    names = list(results)
-    ours = [n for n in names if n not in BASELINES]
-    bases = [n for n in names if n in BASELINES]
-    metrics = list(dict.fromkeys(m for r in c.values() for m in r))
-    rows = []
-    for m in metrics:
-        row = {"metric": m, **{n: c[n][m].text() if m in c[n] else "" for n in names}}
-        for o in ours:
-            for base in bases:
-                if m in c[o] and m in c[base]:
-                    row[f"{o}/{base}"] = ratio_text(m, c[o][m], c[base][m])
-        rows.append(row)
-    return rows
-
-
-def spread_lines(results: dict[str, dict[str, list[float]]]) -> list[str]:
-    """Per setting, the cell whose rounds moved most, against the 5% goal. The ready time is left
-    out: the first start of a round-robin pays for cold compile caches on purpose."""
-    out = []
-    for n, cs in cells(results).items():
-        worst = worst_spread({m: cell for m, cell in cs.items() if m != READY})
-        if worst is None:
-            out.append(f"{n}: one round, no spread")
-            continue
-        m, cell = worst
-        verdict = "within" if cell.spread <= SPREAD_GOAL else "OVER"
-        out.append(f"{n}: worst {cell.spread:.1%} ({m}, {len(cell.values)} rounds), {verdict} the "
-                   f"{SPREAD_GOAL:.0%} goal")
-    return out
-
-
 def _device() -> str:
     import torch
 
@@ -249,7 +207,7 @@ class Bench:
         self.rounds.setdefault(s.name, {})[r] = result
         self.commands[s.name] = command
 
-    def measure_round(self, r: int, s: Setting, scfg, server, ready_s: float | None) -> None:
+    def measure_round(self, r: int, s: Setting, scfg, server, ready_s: float | None, warm_up: bool = True) -> None:
         from nvfp4stack.engine.args import format_cli
 
         base_url, model, argv, ckpt = server
@@ -257,7 +215,7 @@ class Bench:
         sub.mkdir(parents=True, exist_ok=True)
         label = f"round {r + 1} {s.name}: "
         result = ({READY: ready_s} if ready_s is not None else {}) | measure(
-            self.cfg, base_url, model, ckpt, sub / "vllm_bench_serve.log", label, rnd=r)
+            self.cfg, base_url, model, ckpt, sub / "vllm_bench_serve.log", label, rnd=r, warm_up=warm_up)
         command = format_cli(argv)
         self.record(r, s, result, command)
         _save(sub, self.keys, scfg, result, command, r)
@@ -305,6 +263,31 @@ class Bench:
                 server, ready_s = self.try_start(s, scfg, stack)
                 if server is not None:
                     self.measure_round(r, s, scfg, server, ready_s)
+
+    def sequential(self) -> None:
+        """Each setting's server started once and alone on the GPU: all its rounds back to back on that
+        start (a warm-up before the first only: the shapes a round sends are compiled by then), then it
+        is stopped and the next setting's starts. No server shares the GPU or the host with another, at
+        one start per setting; the rounds of different settings are not interleaved."""
+        by_name: dict[str, list[int]] = {}
+        for r, s in self.order():
+            by_name.setdefault(s.name, []).append(r)
+        for s in self.settings_in_order():
+            scfg = self.cold(s.apply(self.cfg, self.ckpts.get(s.experts), self.setting_dir(s), self.port(s)),
+                             self.setting_dir(s))
+            todo = [r for r in sorted(by_name[s.name]) if not self.reuse(r, s, scfg)]
+            if not todo:
+                continue
+            with contextlib.ExitStack() as stack:
+                server, ready_s = self.try_start(s, scfg, stack)
+                if server is None:
+                    continue
+                for i, r in enumerate(todo):
+                    self.measure_round(r, s, scfg, server, ready_s if i == 0 else None, warm_up=i == 0)
+
+    def settings_in_order(self) -> list[Setting]:
+        """The settings in the first round's order (ours and the baselines alternating)."""
+        return list(dict.fromkeys(s for _, s in self.order()))
 
     def together(self) -> None:
         """Each setting's server started once (when its first round comes), all alive at once with
@@ -363,6 +346,8 @@ def run(cfg) -> int:
     rows = table(results)
     spreads = spread_lines(results)
     text = format_rows(rows) + "\nspread (max-min)/median per setting: " + "; ".join(spreads)
+    if host_bound := host_bound_line(results):
+        text += "\n" + host_bound
     if bench.left_out:
         text += f"\nleft out (server did not start): {left_out}"
     print(f"\nEngine benchmark (vLLM bench serve on the recipe's server, {b.engine_rounds} round(s), servers "
@@ -370,7 +355,8 @@ def run(cfg) -> int:
     atomic_write_text(run_dir / "metrics.json", json.dumps(
         {"bench": "engine", "results": results,
          "summary": {n: {m: c.to_dict() for m, c in cs.items()} for n, cs in cells(results).items()},
-         "rows": rows, "spread": spreads, "commands": bench.commands, "server_starts": bench.starts,
+         "rows": rows, "spread": spreads, "host_bound": host_bound, "commands": bench.commands,
+         "server_starts": bench.starts,
          "left_out": bench.left_out,
          "config": {k: getattr(b, k) for k in vars(b) if k.startswith("engine_")},
          "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "device": _device(), "versions": versions()},

@@ -6,17 +6,27 @@ import contextlib
 import io
 from pathlib import Path
 
+from nvfp4stack.bench.gpu_busy import busy
+
+BUSY = "GPU busy %"   # a metric suffix: NVML's busy share of the server's GPUs during the measured round
+
 
 def vllm_bench_serve(base_url: str, model: str, tokenizer: Path, *, input_len: int, output_len: int,
-                     prompts: int, concurrency: int, seed: int, log: Path) -> dict:
+                     prompts: int, concurrency: int, seed: int, log: Path, warm_up: bool = True,
+                     devices: tuple[int, ...] = (0,)) -> dict:
     """vLLM's ``bench serve`` (its own parser and code), twice: a warm-up round at the same load, then
-    the measured round. The warm-up draws its random prompts from another seed: with the same prompts
-    the measured round would hit vLLM's prefix cache and time cache hits, not prefill. Their console
-    output goes to ``log``."""
-    for round_seed in (seed + 1, seed):
+    the measured round (``warm_up=False``: the measured round alone, for a server that has already run
+    this load). The warm-up draws its random prompts from another seed: with the same prompts the
+    measured round would hit vLLM's prefix cache and time cache hits, not prefill. Their console
+    output goes to ``log``. The result gains ``gpu_busy_percent``: the mean NVML utilization of
+    ``devices`` during the measured round (None without NVML; gpu_busy.py)."""
+    if warm_up:
+        _bench_serve_once(base_url, model, tokenizer, input_len=input_len, output_len=output_len,
+                          prompts=prompts, concurrency=concurrency, seed=seed + 1, log=log)
+    with busy(list(devices)) as sampler:
         result = _bench_serve_once(base_url, model, tokenizer, input_len=input_len, output_len=output_len,
-                                   prompts=prompts, concurrency=concurrency, seed=round_seed, log=log)
-    return result
+                                   prompts=prompts, concurrency=concurrency, seed=seed, log=log)
+    return {**result, "gpu_busy_percent": sampler.percent}
 
 
 def _bench_serve_once(base_url: str, model: str, tokenizer: Path, *, input_len: int, output_len: int,
@@ -53,25 +63,34 @@ def round_seed(base: int, rnd: int) -> int:
 
 
 def measure(cfg, base_url: str, model: str, tokenizer: Path, log: Path, label: str = "",
-            rnd: int = 0) -> dict[str, float]:
+            rnd: int = 0, warm_up: bool = True) -> dict[str, float]:
     b = cfg.bench
     seed = round_seed(b.seed, rnd)
+    devices = tuple(range(cfg.engine.tp * cfg.engine.dp))
     out: dict[str, float] = {}
     for batch in b.engine_batches:
         r = vllm_bench_serve(base_url, model, tokenizer, input_len=b.engine_input_len,
                              output_len=b.engine_output_len, prompts=batch * b.engine_decode_waves,
-                             concurrency=batch, seed=seed, log=log)
+                             concurrency=batch, seed=seed, log=log, warm_up=warm_up, devices=devices)
         out[f"decode b={batch} tok/s"] = r["output_throughput"]
         out[f"decode b={batch} TPOT ms"] = r["median_tpot_ms"]
         print(f"[bench engine]   {label}decode batch {batch}: {r['output_throughput']:,.0f} tok/s, "
-              f"TPOT {r['median_tpot_ms']:.2f} ms", flush=True)
+              f"TPOT {r['median_tpot_ms']:.2f} ms{_busy(out, f'decode b={batch}', r)}", flush=True)
     if b.engine_prefill_prompts:
         r = vllm_bench_serve(base_url, model, tokenizer, input_len=b.engine_prefill_len, output_len=1,
                              prompts=b.engine_prefill_prompts, concurrency=b.engine_prefill_concurrency,
-                             seed=seed, log=log)
-        out[f"prefill {b.engine_prefill_len} tok/s"] = r["total_input_tokens"] / r["duration"]
-        out[f"prefill {b.engine_prefill_len} TTFT ms"] = r["median_ttft_ms"]
-        print(f"[bench engine]   {label}prefill {b.engine_prefill_len}: "
-              f"{out[f'prefill {b.engine_prefill_len} tok/s']:,.0f} prompt tok/s, TTFT {r['median_ttft_ms']:.1f} ms",
-              flush=True)
+                             seed=seed, log=log, warm_up=warm_up, devices=devices)
+        name = f"prefill {b.engine_prefill_len}"
+        out[f"{name} tok/s"] = r["total_input_tokens"] / r["duration"]
+        out[f"{name} TTFT ms"] = r["median_ttft_ms"]
+        print(f"[bench engine]   {label}{name}: {out[f'{name} tok/s']:,.0f} prompt tok/s, "
+              f"TTFT {r['median_ttft_ms']:.1f} ms{_busy(out, name, r)}", flush=True)
     return out
+
+
+def _busy(out: dict[str, float], load: str, r: dict) -> str:
+    """Keeps the load's GPU busy share in ``out`` (where NVML gave one); its text for the round's line."""
+    if r.get("gpu_busy_percent") is None:
+        return ""
+    out[f"{load} {BUSY}"] = r["gpu_busy_percent"]
+    return f", GPU busy {r['gpu_busy_percent']:.0f}%"

@@ -119,7 +119,7 @@ def test_rounds_and_servers_keys_are_checked_with_the_fix():
 
     with pytest.raises(ValueError, match=r"bench.engine_rounds: expected >= 1.*found 0.*fix: bench.engine_rounds=3"):
         BenchConfig(name="engine", engine_rounds=0)
-    with pytest.raises(ValueError, match=r"bench.engine_servers: expected one of one_at_a_time, together, found "
+    with pytest.raises(ValueError, match=r"bench.engine_servers: expected one of one_at_a_time, sequential, together, found "
                                          r"'togther'; did you mean together\?; fix"):
         BenchConfig(name="engine", engine_servers="togther")
     assert BenchConfig().engine_rounds == 3 and "humming" in BenchConfig().engine_settings
@@ -127,6 +127,7 @@ def test_rounds_and_servers_keys_are_checked_with_the_fix():
 
 class _Log(list):
     fail: set
+    warm_ups: list
 
 
 @pytest.fixture
@@ -152,16 +153,18 @@ def fake_servers(monkeypatch):
                     scfg.engine.port, scfg.engine.gpu_memory_utilization))
         yield f"http://127.0.0.1:{scfg.engine.port}/v1", "m", 10.0 + len(log), ["python", "-m", "vllm"], Path(".")
 
-    def measure(cfg, base_url, model, tokenizer, log_path, label="", rnd=0):
+    def measure(cfg, base_url, model, tokenizer, log_path, label="", rnd=0, warm_up=True):
         setting = label.split()[2].rstrip(":")
         assert rnd == int(label.split()[1]) - 1   # the round index picks the round's prompts
         rnd = int(label.split()[1])
         log.append(("measure", setting, rnd, base_url))
+        log.warm_ups.append((setting, rnd, warm_up))
         return {"decode b=1 tok/s": base[setting] - 20.0 * rnd, "decode b=1 TPOT ms": 1.0 + rnd / 100}
 
     monkeypatch.setattr(serve, "serving", serving)
     monkeypatch.setattr(eng, "measure", measure)
     log.fail = fail
+    log.warm_ups = []   # (setting, round, whether the round began with a warm-up at each load)
     return log
 
 
@@ -203,6 +206,26 @@ def test_together_starts_each_server_once_and_splits_the_gpu_memory(tmp_path, fa
                         ("triton_w4a16", 2), ("triton_w4a16", 3), ("marlin", 3), ("bf16", 3)]
     m = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert m["results"]["bf16"]["engine ready s"] == [15.0] and len(m["results"]["bf16"]["decode b=1 tok/s"]) == 3
+
+
+def test_sequential_starts_each_server_once_alone_and_warms_up_only_its_first_round(tmp_path, fake_servers):
+    from nvfp4stack.bench import engine
+
+    assert engine.run(_bench_cfg(tmp_path, "bench.engine_servers=sequential")) == 0
+    starts = [e for e in fake_servers if e[0] == "start"]
+    assert [s[1] for s in starts] == ["triton_w4a16", "marlin", "bf16"]
+    assert {s[3] for s in starts} == {0.5}                       # alone: the recipe's share of the GPU, not split
+    events = [(e[0], e[1]) for e in fake_servers if e[0] in ("start", "measure")]
+    assert events == [("start", "triton_w4a16")] + [("measure", "triton_w4a16")] * 3 + [("start", "marlin")] + \
+        [("measure", "marlin")] * 3 + [("start", "bf16")] + [("measure", "bf16")] * 3   # one server at a time
+    assert fake_servers.warm_ups[:3] == [("triton_w4a16", 1, True), ("triton_w4a16", 2, False),
+                                         ("triton_w4a16", 3, False)]
+    m = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert m["results"]["marlin"]["engine ready s"] == [15.0]      # one start, one ready time
+    assert m["results"]["marlin"]["decode b=1 tok/s"] == [1980.0, 1960.0, 1940.0]
+    fake_servers.clear()
+    assert engine.run(_bench_cfg(tmp_path, "bench.engine_servers=sequential")) == 0   # all measured: no start
+    assert [e for e in fake_servers if e[0] == "start"] == []
 
 
 def test_a_rerun_measures_only_the_rounds_missing(tmp_path, fake_servers):
@@ -259,7 +282,7 @@ def test_humming_is_skipped_on_a_clamped_model_with_one_line(tmp_path, capsys):
     assert SETTINGS["marlin"].clamp_refusal({"swiglu_limit": 10.0}, "c.json") is None
 
 
-@pytest.mark.parametrize("servers", ["together", "one_at_a_time"])
+@pytest.mark.parametrize("servers", ["together", "one_at_a_time", "sequential"])
 def test_a_server_that_does_not_start_leaves_its_setting_out_not_the_run(tmp_path, fake_servers, capsys, servers):
     """A baseline whose server cannot start (Humming's JIT, too little memory) is left out with one line; the
     other settings are measured in full, the table says what was left out and why, and the exit code is 1."""

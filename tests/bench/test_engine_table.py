@@ -1,0 +1,25 @@
+"""The table of a bench=engine run (nvfp4stack/bench/engine_table.py), on hand-written rounds."""
+from __future__ import annotations
+
+
+def test_a_busy_share_gets_no_speed_up_and_low_cells_are_named_host_bound():
+    from nvfp4stack.bench.engine_table import host_bound_line, spread_lines, table
+
+    results = {   # bf16 busy at batch 32, everything at batch 1 host-bound (the 2026-11-28 H200 picture)
+        "triton_w4a16": {"decode b=1 TPOT ms": [1.8, 1.9, 2.0], "decode b=1 GPU busy %": [30.0, 35.0, 60.0],
+                         "decode b=32 TPOT ms": [2.9, 2.9, 3.0], "decode b=32 GPU busy %": [70.0, 75.0, 90.0]},
+        "bf16": {"decode b=1 TPOT ms": [1.9, 2.2, 2.6], "decode b=1 GPU busy %": [40.0, 42.0, 45.0],
+                 "decode b=32 TPOT ms": [5.77, 5.79, 5.77], "decode b=32 GPU busy %": [97.0, 98.0, 99.0]},
+    }
+    rows = {r["metric"]: r for r in table(results)}
+    assert "triton_w4a16/bf16" not in rows["decode b=32 GPU busy %"]          # a share, not a speed
+    assert rows["decode b=32 TPOT ms"]["triton_w4a16/bf16"] == "1.99"
+    assert rows["decode b=32 GPU busy %"]["bf16"] == "98.0 [97.0-99.0] 2.0%"
+    assert host_bound_line(results) == ("host-bound (GPU busy under 80% of the round; a kernel difference cannot "
+                                        "show there): triton_w4a16 decode b=1 (35%); triton_w4a16 decode b=32 (75%); "
+                                        "bf16 decode b=1 (42%)")
+    assert spread_lines(results) == [   # the busy share (30-60%: 86%) is not a repeat of a speed
+        "triton_w4a16: worst 10.5% (decode b=1 TPOT ms, 3 rounds), OVER the 5% goal",
+        "bf16: worst 31.8% (decode b=1 TPOT ms, 3 rounds), OVER the 5% goal"]
+    assert host_bound_line({"bf16": {"decode b=32 GPU busy %": [97.0]}}) is None
+    assert host_bound_line({"bf16": {"decode b=32 TPOT ms": [5.8]}}) is None     # no NVML, no verdict

@@ -1,11 +1,19 @@
 """How busy the GPUs were while a benchmark round ran: NVML's utilization (the share of time in which a
 kernel was executing, averaged by the driver over its own window), sampled in a thread.
 
-Why (issue #35): on the 8-layer synthetic model, a decode step at batch 1-32 takes 1.6-3.5 ms for every
-MoE setting, bf16 included, and its rounds spread 10-40%; bf16 at batch 32-128, where the step is the GPU's
-(5.8-7.0 ms), spread 0.4%. A cell in which the GPU sits idle most of the step measures vLLM's host side, not
-the kernels, and no number of rounds turns it into a kernel comparison. Printing the GPU's busy share next
+Why (issue #35): on the 8-layer synthetic model, the cells whose decode step took 1.6-3.5 ms (every MoE
+setting at batch 1, bf16 included; the NVFP4 ones at 8-32) spread 4-38% between rounds on an H200, while bf16
+at batch 8-128, where the step is the GPU's (3.7-7.0 ms), spread 0.4-1.7%. A cell in which the GPU sits
+idle most of the step measures vLLM's host side, not the kernels, and no number of rounds turns it into a
+kernel comparison. Printing the GPU's busy share next
 to each cell says which cells can compare kernels at all.
+
+The figure is the mean of the driver's own utilization samples stamped inside the round
+(``nvmlDeviceGetSamples``; an H200's driver stamps one every 200 ms); where the driver gives none, the mean
+of ``nvmlDeviceGetUtilizationRates`` polled every 50 ms, which lags by the driver's averaging window. On an
+H200 (2026-11-28, a check script: bf16 8192x8192 matmuls in a loop for 3 s; 512x512 matmuls with a 2 ms host
+sleep between bursts for 3 s; 2 s idle): 90.7% / 4.3% / 0.1% from the driver's samples, 87.6% / 7.5% / 0.0%
+polled.
 
 NVML comes from ``pynvml`` (nvidia-ml-py) or the copy vLLM ships (``vllm.third_party.pynvml``); where
 neither loads, or no GPU answers (a CPU host), ``busy()`` yields a sampler whose ``percent`` is None.
@@ -15,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 PERIOD_S = 0.05
@@ -27,9 +36,37 @@ def _nvml():
     return None
 
 
-def nvml_reader(devices: list[int]) -> tuple[Callable[[], float], Callable[[], None]] | None:
-    """(read, close): ``read()`` gives the mean utilization.gpu (%) of ``devices`` now; None where NVML or
-    the devices cannot be reached."""
+class NvmlReader:
+    """NVML's utilization.gpu of ``devices``: ``now()`` reads the driver's current figure (averaged over its
+    own window of 1/6 s to 1 s, so it lags a change by up to that), ``since(t0_us)`` averages the driver's
+    raw samples stamped at or after ``t0_us`` (microseconds of the host clock; None where the driver keeps
+    none or refuses ``nvmlDeviceGetSamples``)."""
+
+    def __init__(self, nv, handles: list):
+        self.nv, self.handles = nv, handles
+
+    def now(self) -> float:
+        return statistics.fmean(self.nv.nvmlDeviceGetUtilizationRates(h).gpu for h in self.handles)
+
+    def since(self, t0_us: int) -> float | None:
+        per_device = []
+        for h in self.handles:
+            try:
+                _, samples = self.nv.nvmlDeviceGetSamples(h, self.nv.NVML_GPU_UTILIZATION_SAMPLES, t0_us)
+            except Exception:  # noqa: BLE001 - NVMLError_NotSupported / NotFound: the polled figure stands
+                return None
+            values = [x.sampleValue.uiVal for x in samples if x.timeStamp >= t0_us]
+            if not values:
+                return None
+            per_device.append(statistics.fmean(values))
+        return statistics.fmean(per_device)
+
+    def close(self) -> None:
+        self.nv.nvmlShutdown()
+
+
+def nvml_reader(devices: list[int]) -> NvmlReader | None:
+    """A reader of ``devices``; None where NVML or the devices cannot be reached."""
     nv = _nvml()
     if nv is None:
         return None
@@ -42,7 +79,7 @@ def nvml_reader(devices: list[int]) -> tuple[Callable[[], float], Callable[[], N
     except Exception:  # noqa: BLE001 - a device index the host does not have
         nv.nvmlShutdown()
         return None
-    return (lambda: statistics.fmean(nv.nvmlDeviceGetUtilizationRates(h).gpu for h in handles)), nv.nvmlShutdown
+    return NvmlReader(nv, handles)
 
 
 class Sampler:
@@ -51,6 +88,7 @@ class Sampler:
     def __init__(self, read: Callable[[], float] | None, period: float = PERIOD_S):
         self.read, self.period = read, period
         self.samples: list[float] = []
+        self.window: float | None = None   # the driver's own samples inside the block (busy() sets it)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="gpu-busy") if read else None
 
@@ -71,7 +109,10 @@ class Sampler:
 
     @property
     def percent(self) -> float | None:
-        """The mean of the samples (%), or None: no NVML, or the round was over before the first sample."""
+        """The driver's samples inside the block where it gave them (``window``), else the mean of the polled
+        figures (%), or None: no NVML, or the block was over before the first sample."""
+        if self.window is not None:
+            return self.window
         return statistics.fmean(self.samples) if self.samples else None
 
 
@@ -79,10 +120,12 @@ class Sampler:
 def busy(devices: list[int], period: float = PERIOD_S) -> Iterator[Sampler]:
     """``with busy([0]) as s: ...`` then ``s.percent``: the GPUs' mean busy share while the block ran."""
     reader = nvml_reader(devices)
-    sampler = Sampler(reader[0] if reader else None, period).start()
+    t0_us = int(time.time() * 1e6)
+    sampler = Sampler(reader.now if reader else None, period).start()
     try:
         yield sampler
     finally:
         sampler.stop()
         if reader:
-            reader[1]()
+            sampler.window = reader.since(t0_us)
+            reader.close()

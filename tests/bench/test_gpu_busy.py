@@ -77,3 +77,43 @@ def test_a_host_without_nvml_or_that_gpu_gives_no_figure(monkeypatch, case):
         pass
     assert s.percent is None
     assert calls == {"no module": [], "no driver": ["init"], "no such device": ["init", "shutdown"]}[case]
+
+
+def test_the_drivers_own_samples_inside_the_block_win_over_the_polled_figure(monkeypatch):
+    """nvmlDeviceGetSamples: only samples stamped at or after the block's start count (the one before is the
+    idle time the polled figure lags with), averaged per GPU, then over GPUs."""
+    import nvfp4stack.bench.gpu_busy as gb
+
+    nv, calls = _fake_nvml({0: 10, 1: 10})   # the polled figure: 10%
+    asked = []
+
+    def samples(h, kind, since_us):
+        asked.append((h, kind, since_us))
+        t0 = since_us
+        stamped = {0: [(t0 - 200_000, 0), (t0 + 1, 100), (t0 + 200_000, 80)], 1: [(t0 + 5, 40), (t0 + 9, 60)]}[h]
+        return 1, [types.SimpleNamespace(timeStamp=t, sampleValue=types.SimpleNamespace(uiVal=v)) for t, v in stamped]
+
+    nv.NVML_GPU_UTILIZATION_SAMPLES = 1
+    nv.nvmlDeviceGetSamples = samples
+    monkeypatch.setattr(gb, "_nvml", lambda: nv)
+    before = int(time.time() * 1e6)
+    with gb.busy([0, 1], period=0.001) as s:
+        time.sleep(0.01)
+    assert s.window == 70.0 and s.percent == 70.0    # (90 + 50) / 2; the sample before the start left out
+    assert s.samples and set(s.samples) == {10.0}
+    assert [a[:2] for a in asked] == [(0, 1), (1, 1)] and all(a[2] >= before for a in asked)
+    assert calls == ["init", "shutdown"]
+
+
+def test_a_driver_without_samples_leaves_the_polled_figure(monkeypatch):
+    import nvfp4stack.bench.gpu_busy as gb
+
+    nv, _ = _fake_nvml({0: 30})
+    nv.NVML_GPU_UTILIZATION_SAMPLES = 1
+    nv.nvmlDeviceGetSamples = lambda h, kind, since: (1, [])   # nothing stamped since the start
+    monkeypatch.setattr(gb, "_nvml", lambda: nv)
+    with gb.busy([0], period=0.001) as s:
+        deadline = time.monotonic() + 5
+        while not s.samples and time.monotonic() < deadline:
+            time.sleep(0.005)
+    assert s.window is None and s.percent == 30.0

@@ -22,6 +22,12 @@ import torch
 from nvfp4stack.bench.gpu_busy import _nvml, busy
 
 
+def _for(seconds: float, step) -> None:
+    t0 = time.time()
+    while time.time() - t0 < seconds:
+        step()
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print("gpu_busy_check: no CUDA device here; run it on a GPU host")
@@ -29,22 +35,25 @@ def main() -> int:
     print("NVML module:", _nvml())
     big = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     small = torch.randn(512, 512, device="cuda", dtype=torch.bfloat16)
+
+    def saturate() -> None:
+        for _ in range(20):
+            big @ big
+        torch.cuda.synchronize()
+
+    def host_bound() -> None:
+        for _ in range(5):
+            small @ small
+        torch.cuda.synchronize()
+        time.sleep(0.002)
+
     torch.cuda.synchronize()
     with busy([0]) as idle:
         time.sleep(2.0)
     with busy([0]) as full:
-        t0 = time.time()
-        while time.time() - t0 < 3.0:
-            for _ in range(20):
-                big @ big
-            torch.cuda.synchronize()
+        _for(3.0, saturate)
     with busy([0]) as host:
-        t0 = time.time()
-        while time.time() - t0 < 3.0:
-            for _ in range(5):
-                small @ small
-            torch.cuda.synchronize()
-            time.sleep(0.002)
+        _for(3.0, host_bound)
     for name, s in (("idle", idle), ("saturated", full), ("host-bound", host)):
         polled = statistics.fmean(s.samples) if s.samples else None
         print(f"{name:11s} busy {s.percent}  (driver samples {s.window}, polled {polled} over {len(s.samples)} polls)")

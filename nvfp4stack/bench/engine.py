@@ -159,9 +159,10 @@ def _saved(sub: Path, keys: dict, scfg) -> dict | None:
     return done if same and done.get("device") == _device() else None
 
 
-def _save(sub: Path, keys: dict, scfg, result: dict, command: str, rnd: int) -> None:
+def _save(sub: Path, keys: dict, scfg, result: dict, command: str, rnd: int, warm_up: bool) -> None:
     atomic_write_text(sub / "result.json", json.dumps(
         {"keys": keys, "engine": _engine_key(scfg), "results": result, "command": command, "round": rnd,
+         "warm_up": warm_up,
          "device": _device(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}, indent=2, default=str))
 
 
@@ -218,7 +219,7 @@ class Bench:
             self.cfg, base_url, model, ckpt, sub / "vllm_bench_serve.log", label, rnd=r, warm_up=warm_up)
         command = format_cli(argv)
         self.record(r, s, result, command)
-        _save(sub, self.keys, scfg, result, command, r)
+        _save(sub, self.keys, scfg, result, command, r, warm_up)
 
     def start(self, s: Setting, scfg, stack: contextlib.ExitStack):
         from nvfp4stack.tasks.serve import serving

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 from pathlib import Path
 
 from nvfp4stack.bench.gpu_busy import busy
@@ -66,7 +67,7 @@ def measure(cfg, base_url: str, model: str, tokenizer: Path, log: Path, label: s
             rnd: int = 0, warm_up: bool = True) -> dict[str, float]:
     b = cfg.bench
     seed = round_seed(b.seed, rnd)
-    devices = tuple(range(cfg.engine.tp * cfg.engine.dp))
+    devices = server_gpus(cfg.engine)
     out: dict[str, float] = {}
     for batch in b.engine_batches:
         r = vllm_bench_serve(base_url, model, tokenizer, input_len=b.engine_input_len,
@@ -86,6 +87,18 @@ def measure(cfg, base_url: str, model: str, tokenizer: Path, log: Path, label: s
         print(f"[bench engine]   {label}{name}: {out[f'{name} tok/s']:,.0f} prompt tok/s, "
               f"TTFT {r['median_ttft_ms']:.1f} ms{_busy(out, name, r)}", flush=True)
     return out
+
+
+def server_gpus(engine) -> tuple[int, ...]:
+    """The GPUs (NVML's indices) a server of ``engine`` (an EngineConfig) runs on: its tp x dp ranks on the first
+    of CUDA_VISIBLE_DEVICES (``engine.env``'s, else this process's) where that lists indices, else on 0, 1, ...
+    (NVML numbers GPUs in PCI order, as CUDA does under CUDA_DEVICE_ORDER=PCI_BUS_ID; under CUDA's default
+    order, or with UUIDs in CUDA_VISIBLE_DEVICES, the figure may be another GPU's)."""
+    n = engine.tp * engine.dp
+    listed = [v.strip() for v in engine.env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES", "")).split(",")]
+    if all(v.isdigit() for v in listed) and len(listed) >= n:
+        return tuple(int(v) for v in listed[:n])
+    return tuple(range(n))
 
 
 def _busy(out: dict[str, float], load: str, r: dict) -> str:

@@ -56,7 +56,7 @@ def host_bound_line(results: dict[str, dict[str, list[float]]]) -> str | None:
     """The (setting, load) cells whose GPUs were busy under HOST_BOUND of the measured rounds (median):
     there the step waits on vLLM's host side, and a ratio cannot show a kernel difference. None when no
     busy share was measured (no NVML) or every cell kept the GPU busy."""
-    low = [f"{n} {m.removesuffix(' ' + BUSY)} ({c.median:.0f}%)" for n, cs in cells(results).items()
+    low = [f"{n} {m.removesuffix(' ' + BUSY)} ({c.median:.1f}%)" for n, cs in cells(results).items()
            for m, c in cs.items() if m.endswith(BUSY) and c.median < HOST_BOUND]
     return (f"host-bound (GPU busy under {HOST_BOUND:.0f}% of the round; a kernel difference cannot show there): "
             + "; ".join(low)) if low else None

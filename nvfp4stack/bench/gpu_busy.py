@@ -89,12 +89,17 @@ class Sampler:
         self.read, self.period = read, period
         self.samples: list[float] = []
         self.window: float | None = None   # the driver's own samples inside the block (busy() sets it)
+        self.error: str | None = None      # why polling stopped early, if it did
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="gpu-busy") if read else None
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.samples.append(self.read())
+            try:
+                self.samples.append(self.read())
+            except Exception as exc:  # noqa: BLE001 - NVMLError (NotSupported under MIG, GPU lost): stop polling, keep the rest
+                self.error = f"{type(exc).__name__}: {exc}"
+                return
             self._stop.wait(self.period)
 
     def start(self) -> "Sampler":
@@ -118,14 +123,18 @@ class Sampler:
 
 @contextlib.contextmanager
 def busy(devices: list[int], period: float = PERIOD_S) -> Iterator[Sampler]:
-    """``with busy([0]) as s: ...`` then ``s.percent``: the GPUs' mean busy share while the block ran."""
+    """``with busy([0]) as s: ...`` then ``s.percent``: the GPUs' mean busy share while the block ran. NVML is
+    shut down however the block or the sampling ends."""
     reader = nvml_reader(devices)
-    t0_us = int(time.time() * 1e6)
-    sampler = Sampler(reader.now if reader else None, period).start()
     try:
-        yield sampler
+        t0_us = int(time.time() * 1e6)
+        sampler = Sampler(reader.now if reader else None, period).start()
+        try:
+            yield sampler
+        finally:
+            sampler.stop()
+            if reader:
+                sampler.window = reader.since(t0_us)
     finally:
-        sampler.stop()
         if reader:
-            sampler.window = reader.since(t0_us)
             reader.close()

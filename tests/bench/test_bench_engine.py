@@ -223,9 +223,23 @@ def test_sequential_starts_each_server_once_alone_and_warms_up_only_its_first_ro
     m = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert m["results"]["marlin"]["engine ready s"] == [15.0]      # one start, one ready time
     assert m["results"]["marlin"]["decode b=1 tok/s"] == [1980.0, 1960.0, 1940.0]
+    assert [f for f in fake_servers.warm_ups if f[0] == "marlin"] == [("marlin", 1, True), ("marlin", 2, False),
+                                                                        ("marlin", 3, False)]
+    saved = tmp_path / "run" / "marlin"
+    assert [json.loads((saved / f"round-{r}" / "result.json").read_text())["warm_up"] for r in range(3)] == \
+        [True, False, False]
     fake_servers.clear()
+    fake_servers.warm_ups.clear()
     assert engine.run(_bench_cfg(tmp_path, "bench.engine_servers=sequential")) == 0   # all measured: no start
     assert [e for e in fake_servers if e[0] == "start"] == []
+    (saved / "round-1" / "result.json").unlink()      # a run that stopped inside marlin's rounds
+    (saved / "round-2" / "result.json").unlink()
+    assert engine.run(_bench_cfg(tmp_path, "bench.engine_servers=sequential")) == 0
+    assert [e[1] for e in fake_servers if e[0] == "start"] == ["marlin"]          # only the setting with rounds left
+    assert fake_servers.warm_ups == [("marlin", 2, True), ("marlin", 3, False)]  # the new start warms up again
+    m = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert m["results"]["marlin"]["engine ready s"] == [15.0, 11.0]   # a ready time per start: the first run's, this one's
+    assert len(m["results"]["marlin"]["decode b=1 tok/s"]) == 3
 
 
 def test_a_rerun_measures_only_the_rounds_missing(tmp_path, fake_servers):

@@ -54,13 +54,16 @@ def test_the_measured_round_keeps_the_gpus_busy_share_where_nvml_gives_one(tmp_p
 
     @contextlib.contextmanager
     def busy(devices):
-        watched.append((tuple(devices), len(sent)))   # which GPUs, and how many rounds were sent before
-        yield types.SimpleNamespace(percent=37.5)
+        s = types.SimpleNamespace(percent=None)   # a figure exists only once the block has ended
+        entered = len(sent)
+        yield s
+        watched.append((tuple(devices), entered, len(sent)))   # which GPUs; the rounds sent before and after
+        s.percent = 37.5
 
     monkeypatch.setattr(em, "busy", busy)
     cfg = _cfg(tmp_path)
     out = em.measure(cfg, "http://127.0.0.1:1/v1", "m", Path("."), tmp_path / "log", label="r: ")
-    assert watched == [((0,), 1), ((0,), 3), ((0,), 5)]        # around each measured round, not the warm-ups
+    assert watched == [((0,), 1, 2), ((0,), 3, 4), ((0,), 5, 6)]   # around each measured round only, not the warm-ups
     assert out["decode b=1 GPU busy %"] == out["decode b=8 GPU busy %"] == 37.5
     assert out[f"prefill {cfg.bench.engine_prefill_len} GPU busy %"] == 37.5
     assert "r: decode batch 8: 800 tok/s, TPOT 1.08 ms, GPU busy 38%" in capsys.readouterr().out
@@ -75,3 +78,25 @@ def test_no_nvml_no_busy_metric(tmp_path, sent, monkeypatch):
     monkeypatch.setattr(em, "busy", contextlib.contextmanager(lambda devices: (yield types.SimpleNamespace(percent=None))))
     out = em.measure(_cfg(tmp_path), "http://127.0.0.1:1/v1", "m", Path("."), tmp_path / "log")
     assert not any(k.endswith("GPU busy %") for k in out) and "decode b=1 tok/s" in out
+
+
+@pytest.mark.parametrize("tp, dp, env, caller, want", [
+    (1, 1, {}, None, (0,)),
+    (2, 1, {}, None, (0, 1)),
+    (2, 2, {}, None, (0, 1, 2, 3)),
+    (2, 1, {"CUDA_VISIBLE_DEVICES": "2,3"}, None, (2, 3)),      # the server's own env
+    (1, 1, {}, "5, 6", (5,)),                                   # else the caller's
+    (2, 1, {"CUDA_VISIBLE_DEVICES": "3,1"}, "5,6", (3, 1)),     # the server's wins
+    (2, 1, {"CUDA_VISIBLE_DEVICES": "GPU-8e6f,GPU-1a2b"}, None, (0, 1)),   # UUIDs: not indices
+    (2, 1, {"CUDA_VISIBLE_DEVICES": "4"}, None, (0, 1)),         # too few for the ranks
+])
+def test_the_servers_gpus_follow_its_ranks_and_cuda_visible_devices(monkeypatch, tp, dp, env, caller, want):
+    import types
+
+    from nvfp4stack.bench.engine_measure import server_gpus
+
+    if caller is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", caller)
+    assert server_gpus(types.SimpleNamespace(tp=tp, dp=dp, env=env)) == want

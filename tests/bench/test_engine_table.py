@@ -16,10 +16,12 @@ def test_a_busy_share_gets_no_speed_up_and_low_cells_are_named_host_bound():
     assert rows["decode b=32 TPOT ms"]["triton_w4a16/bf16"] == "1.99"
     assert rows["decode b=32 GPU busy %"]["bf16"] == "98.0 [97.0-99.0] 2.0%"
     assert host_bound_line(results) == ("host-bound (GPU busy under 80% of the round; a kernel difference cannot "
-                                        "show there): triton_w4a16 decode b=1 (35%); triton_w4a16 decode b=32 (75%); "
-                                        "bf16 decode b=1 (42%)")
+                                        "show there): triton_w4a16 decode b=1 (35.0%); triton_w4a16 decode b=32 (75.0%); "
+                                        "bf16 decode b=1 (42.0%)")
     assert spread_lines(results) == [   # the busy share (30-60%: 86%) is not a repeat of a speed
         "triton_w4a16: worst 10.5% (decode b=1 TPOT ms, 3 rounds), OVER the 5% goal",
         "bf16: worst 31.8% (decode b=1 TPOT ms, 3 rounds), OVER the 5% goal"]
     assert host_bound_line({"bf16": {"decode b=32 GPU busy %": [97.0]}}) is None
+    assert host_bound_line({"bf16": {"decode b=32 GPU busy %": [79.0, 80.0, 95.0]}}) is None   # 80% itself: busy
+    assert host_bound_line({"bf16": {"decode b=32 GPU busy %": [70.0, 79.9, 95.0]}}).endswith("bf16 decode b=32 (79.9%)")
     assert host_bound_line({"bf16": {"decode b=32 TPOT ms": [5.8]}}) is None     # no NVML, no verdict

@@ -98,10 +98,12 @@ def test_the_drivers_own_samples_inside_the_block_win_over_the_polled_figure(mon
     monkeypatch.setattr(gb, "_nvml", lambda: nv)
     before = int(time.time() * 1e6)
     with gb.busy([0, 1], period=0.001) as s:
+        body_start = int(time.time() * 1e6)
         time.sleep(0.01)
     assert s.window == 70.0 and s.percent == 70.0    # (90 + 50) / 2; the sample before the start left out
     assert s.samples and set(s.samples) == {10.0}
-    assert [a[:2] for a in asked] == [(0, 1), (1, 1)] and all(a[2] >= before for a in asked)
+    assert [a[:2] for a in asked] == [(0, 1), (1, 1)]
+    assert all(before <= a[2] <= body_start for a in asked)   # the window opens as the block starts
     assert calls == ["init", "shutdown"]
 
 
@@ -117,3 +119,52 @@ def test_a_driver_without_samples_leaves_the_polled_figure(monkeypatch):
         while not s.samples and time.monotonic() < deadline:
             time.sleep(0.005)
     assert s.window is None and s.percent == 30.0
+
+
+def test_a_driver_that_refuses_samples_leaves_the_polled_figure(monkeypatch):
+    import nvfp4stack.bench.gpu_busy as gb
+
+    nv, calls = _fake_nvml({0: 20})
+    nv.NVML_GPU_UTILIZATION_SAMPLES = 1
+
+    def refuse(h, kind, since):
+        raise RuntimeError("NVMLError_NotSupported")
+
+    nv.nvmlDeviceGetSamples = refuse
+    monkeypatch.setattr(gb, "_nvml", lambda: nv)
+    with gb.busy([0], period=0.001) as s:
+        deadline = time.monotonic() + 5
+        while not s.samples and time.monotonic() < deadline:
+            time.sleep(0.005)
+    assert s.window is None and s.percent == 20.0 and calls == ["init", "shutdown"]
+
+
+def test_nvml_is_shut_down_when_the_round_fails(monkeypatch):
+    import nvfp4stack.bench.gpu_busy as gb
+
+    nv, calls = _fake_nvml({0: 20})
+    monkeypatch.setattr(gb, "_nvml", lambda: nv)
+    with pytest.raises(RuntimeError, match="vllm bench serve: 3 of 8 requests failed"):
+        with gb.busy([0], period=0.001):
+            raise RuntimeError("vllm bench serve: 3 of 8 requests failed")
+    assert calls == ["init", "shutdown"]
+
+
+def test_polling_stops_quietly_when_the_gpu_stops_answering(monkeypatch):
+    """A read that raises (NotSupported under MIG, a GPU fallen off the bus) ends the polling with the reason kept,
+    not a thread traceback on every measured load; what was read before stays the figure."""
+    import nvfp4stack.bench.gpu_busy as gb
+
+    reads = iter([40.0, 60.0])
+
+    def read():
+        try:
+            return next(reads)
+        except StopIteration:
+            raise RuntimeError("NVMLError_GpuIsLost") from None
+
+    s = gb.Sampler(read, period=0.001).start()
+    s._thread.join(timeout=5)
+    assert not s._thread.is_alive() and s.samples == [40.0, 60.0] and s.percent == 50.0
+    assert s.error == "RuntimeError: NVMLError_GpuIsLost"
+    s.stop()

@@ -243,6 +243,12 @@ class Bench:
                   f"its logs are under {self.setting_dir(s)}", flush=True)
             return None, None
 
+    def server_cfg(self, s: Setting, where: Path, gpu_memory_utilization: float | None = None):
+        """The setting's typed config for a server start whose run dir (and, with cold caches, caches) is
+        ``where``."""
+        return self.cold(s.apply(self.cfg, self.ckpts.get(s.experts), where, self.port(s),
+                                 gpu_memory_utilization=gpu_memory_utilization), where)
+
     def cold(self, scfg, start_dir: Path):
         """``scfg`` with empty JIT/compile caches of its own under ``start_dir`` (bench.engine_cold_caches),
         else as it is."""
@@ -257,7 +263,7 @@ class Bench:
         """A server start per (round, setting): one GPU holds one vLLM server."""
         for r, s in self.order():
             sub = self.setting_dir(s) / f"round-{r}"
-            scfg = self.cold(s.apply(self.cfg, self.ckpts.get(s.experts), sub, self.port(s)), sub)
+            scfg = self.server_cfg(s, sub)
             if s.name in self.left_out or self.reuse(r, s, scfg):
                 continue
             with contextlib.ExitStack() as stack:
@@ -270,13 +276,9 @@ class Bench:
         start (a warm-up before the first only: the shapes a round sends are compiled by then), then it
         is stopped and the next setting's starts. No server shares the GPU or the host with another, at
         one start per setting; the rounds of different settings are not interleaved."""
-        by_name: dict[str, list[int]] = {}
-        for r, s in self.order():
-            by_name.setdefault(s.name, []).append(r)
         for s in self.settings_in_order():
-            scfg = self.cold(s.apply(self.cfg, self.ckpts.get(s.experts), self.setting_dir(s), self.port(s)),
-                             self.setting_dir(s))
-            todo = [r for r in sorted(by_name[s.name]) if not self.reuse(r, s, scfg)]
+            scfg = self.server_cfg(s, self.setting_dir(s))
+            todo = [r for r in range(self.cfg.bench.engine_rounds) if not self.reuse(r, s, scfg)]
             if not todo:
                 continue
             with contextlib.ExitStack() as stack:
@@ -294,8 +296,7 @@ class Bench:
         """Each setting's server started once (when its first round comes), all alive at once with
         the GPU memory split between them; every round runs on those starts."""
         util = (self.cfg.engine.gpu_memory_utilization or DEFAULT_GPU_UTIL) / len(self.settings)
-        scfgs = {s.name: self.cold(s.apply(self.cfg, self.ckpts.get(s.experts), self.setting_dir(s), self.port(s),
-                                           gpu_memory_utilization=round(util, 4)), self.setting_dir(s))
+        scfgs = {s.name: self.server_cfg(s, self.setting_dir(s), gpu_memory_utilization=round(util, 4))
                  for s in self.settings}
         servers: dict[str, tuple] = {}
         with contextlib.ExitStack() as stack:

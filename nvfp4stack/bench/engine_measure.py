@@ -75,8 +75,9 @@ def measure(cfg, base_url: str, model: str, tokenizer: Path, log: Path, label: s
                              concurrency=batch, seed=seed, log=log, warm_up=warm_up, devices=devices)
         out[f"decode b={batch} tok/s"] = r["output_throughput"]
         out[f"decode b={batch} TPOT ms"] = r["median_tpot_ms"]
+        busy_text = _keep_busy(out, f"decode b={batch}", r)
         print(f"[bench engine]   {label}decode batch {batch}: {r['output_throughput']:,.0f} tok/s, "
-              f"TPOT {r['median_tpot_ms']:.2f} ms{_busy(out, f'decode b={batch}', r)}", flush=True)
+              f"TPOT {r['median_tpot_ms']:.2f} ms{busy_text}", flush=True)
     if b.engine_prefill_prompts:
         r = vllm_bench_serve(base_url, model, tokenizer, input_len=b.engine_prefill_len, output_len=1,
                              prompts=b.engine_prefill_prompts, concurrency=b.engine_prefill_concurrency,
@@ -84,8 +85,9 @@ def measure(cfg, base_url: str, model: str, tokenizer: Path, log: Path, label: s
         name = f"prefill {b.engine_prefill_len}"
         out[f"{name} tok/s"] = r["total_input_tokens"] / r["duration"]
         out[f"{name} TTFT ms"] = r["median_ttft_ms"]
+        busy_text = _keep_busy(out, name, r)
         print(f"[bench engine]   {label}{name}: {out[f'{name} tok/s']:,.0f} prompt tok/s, "
-              f"TTFT {r['median_ttft_ms']:.1f} ms{_busy(out, name, r)}", flush=True)
+              f"TTFT {r['median_ttft_ms']:.1f} ms{busy_text}", flush=True)
     return out
 
 
@@ -101,7 +103,7 @@ def server_gpus(engine) -> tuple[int, ...]:
     return tuple(range(n))
 
 
-def _busy(out: dict[str, float], load: str, r: dict) -> str:
+def _keep_busy(out: dict[str, float], load: str, r: dict) -> str:
     """Keeps the load's GPU busy share in ``out`` (where NVML gave one); its text for the round's line."""
     if r.get("gpu_busy_percent") is None:
         return ""

@@ -5,15 +5,14 @@ Why (issue #35): on the 8-layer synthetic model, the cells whose decode step too
 setting at batch 1, bf16 included; the NVFP4 ones at 8-32) spread 4-38% between rounds on an H200, while bf16
 at batch 8-128, where the step is the GPU's (3.7-7.0 ms), spread 0.4-1.7%. A cell in which the GPU sits
 idle most of the step measures vLLM's host side, not the kernels, and no number of rounds turns it into a
-kernel comparison. Printing the GPU's busy share next
-to each cell says which cells can compare kernels at all.
+kernel comparison. Printing the GPU's busy share next to each cell says which cells can compare kernels at all.
 
 The figure is the mean of the driver's own utilization samples stamped inside the round
 (``nvmlDeviceGetSamples``; an H200's driver stamps one every 200 ms); where the driver gives none, the mean
 of ``nvmlDeviceGetUtilizationRates`` polled every 50 ms, which lags by the driver's averaging window. On an
-H200 (2026-11-28, ``bench/tools/gpu_busy_check.py``: bf16 8192x8192 matmuls in a loop for 3 s; 512x512 matmuls with a 2 ms host
-sleep between bursts for 3 s; 2 s idle): 90.7% / 4.3% / 0.1% from the driver's samples, 87.6% / 7.5% / 0.0%
-polled (a second run: 91.8 / 3.1 / 0.0%).
+H200 (2026-11-28, ``bench/tools/gpu_busy_check.py``: bf16 8192x8192 matmuls in a loop for 3 s; 512x512
+matmuls with a 2 ms host sleep between bursts for 3 s; 2 s idle): 90.7% / 4.3% / 0.1% from the driver's
+samples, 87.6% / 7.5% / 0.0% polled (a second run: 91.8 / 3.1 / 0.0%).
 
 NVML comes from ``pynvml`` (nvidia-ml-py) or the copy vLLM ships (``vllm.third_party.pynvml``); where
 neither loads, or no GPU answers (a CPU host), ``busy()`` yields a sampler whose ``percent`` is None.

@@ -8,30 +8,19 @@ and the warm-up keys are tested in test_routing.py / test_warmup.py.
 import pytest
 import torch
 
-from tests.support.decode_moe import fresh_generator, nvfp4_experts, on_and_off, sm90_or_skip
+from nvfp4stack.kernels.moe.hopper_w4a16.tile_choice import _DECODE_FEW
+from tests.support.decode_moe import (
+    fresh_generator,
+    nvfp4_experts,
+    on_and_off,
+    routed_tokens,
+    sm90_or_skip,
+    with_splits,
+)
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU with Triton")
 LIMIT = 10.0
 H, I = 2048, 1024  # L1: 8 K steps of 256, L2: 8 of 128 (split 1, 2, 4, 8 divide both)
-
-
-def _token(g, experts, top_k=6, other=0.0):
-    """One token: activations large enough to reach the clamp, top_k distinct experts, a share ``other`` of
-    its slots on another rank's experts (-1)."""
-    x = (torch.randn(1, H, device="cuda", generator=g) * 4).bfloat16()
-    ids = torch.randperm(experts, device="cuda", generator=g)[:top_k].view(1, top_k).to(torch.int32)
-    ids = torch.where(torch.rand(ids.shape, device="cuda", generator=g) < other, -1, ids)
-    wts = torch.softmax(torch.randn(1, top_k, device="cuda", generator=g), -1)
-    return x, ids, wts
-
-
-def _pair(s1, s2):
-    from nvfp4stack.kernels.moe.hopper_w4a16.tile_choice import _DECODE_FEW
-    from nvfp4stack.kernels.moe.hopper_w4a16.tile_choice import DecodeConfig as D
-
-    l1, l2 = _DECODE_FEW
-    return D(l1.block_t, l1.mrep, l1.block_k, l1.num_warps, l1.prefetch, split_k=s1), \
-        D(l2.block_t, l2.mrep, l2.block_k, l2.num_warps, l2.prefetch, split_k=s2)
 
 
 @gpu
@@ -48,9 +37,9 @@ def test_same_bits_as_the_general_path(splits, tiled, monkeypatch):
     w13, w2 = nvfp4_experts(g, 32, H, I)
     k13, k2 = tiles.tile_experts(w13, w2) if tiled else (w13, w2)
     for other, limit, routed in ((0.0, LIMIT, 0), (0.0, None, 0), (0.5, LIMIT, 64), (1.0, LIMIT, 64)):
-        x, ids, wts = _token(g, 32, other=other)
+        x, ids, wts = routed_tokens(g, 1, 32, H, other=other)
         fast, slow = on_and_off(monkeypatch, "ONE_TOKEN", lambda: nvfp4_moe_forward_triton(
-            x, k13, k2, wts, ids, swiglu_limit=limit, config=_pair(*splits), poison=True, tiled=tiled,
+            x, k13, k2, wts, ids, swiglu_limit=limit, config=with_splits(_DECODE_FEW, *splits), poison=True, tiled=tiled,
             routed_experts=routed))
         assert fast.shape == (1, H) and fast.dtype == torch.bfloat16
         assert torch.equal(fast, slow), f"one-token path differs: ids {ids.tolist()}, limit {limit}"
@@ -76,8 +65,8 @@ def test_one_token_in_cuda_graph_and_capture_fallback(monkeypatch):
     sm90_or_skip("the one-token path runs the mma.sync decode kernels")
     g = fresh_generator()
     w13, w2 = nvfp4_experts(g, 64, H, I)
-    x, ids, wts = _token(g, 64)
-    pair = _pair(2, 2)
+    x, ids, wts = routed_tokens(g, 1, 64, H)
+    pair = with_splits(_DECODE_FEW, 2, 2)
     run = lambda: nvfp4_moe_forward_triton(x, w13, w2, wts, ids, swiglu_limit=LIMIT, config=pair)  # noqa: E731
     first = run()
     assert all(torch.equal(first, run()) for _ in range(3))
@@ -91,7 +80,7 @@ def test_one_token_in_cuda_graph_and_capture_fallback(monkeypatch):
             out = run()
         assert bool(routing_triton._ONE_TOKEN) == cached  # nothing made inside the capture
         for other in (0.0, 0.5, 0.0):
-            nx, nids, nwts = _token(g, 64, other=other)
+            nx, nids, nwts = routed_tokens(g, 1, 64, H, other=other)
             x.copy_(nx)
             ids.copy_(nids)
             wts.copy_(nwts)

@@ -10,32 +10,26 @@ tiles, not with the switch off).
 import pytest
 import torch
 
-from tests.support.decode_moe import fresh_generator, nvfp4_experts, on_and_off, sm90_or_skip
+from tests.support.decode_moe import (
+    fresh_generator,
+    nvfp4_experts,
+    on_and_off,
+    routed_tokens,
+    sm90_or_skip,
+    with_splits,
+)
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU with Triton")
 LIMIT = 10.0
 H, I = 2048, 1024
 
 
-def _tokens(g, tokens, experts, top_k=6, other=0.0):
-    x = (torch.randn(tokens, H, device="cuda", generator=g) * 4).bfloat16()
-    ids = torch.stack([torch.randperm(experts, device="cuda", generator=g)[:top_k] for _ in range(tokens)])
-    ids = torch.where(torch.rand(ids.shape, device="cuda", generator=g) < other, -1, ids).to(torch.int32)
-    wts = torch.softmax(torch.randn(tokens, top_k, device="cuda", generator=g), -1)
-    return x, ids, wts
-
-
 def _pairs():
     from nvfp4stack.kernels.moe.hopper_w4a16.tile_choice import _DECODE_FEW, _DECODE_T8, _DECODE_T16
-    from nvfp4stack.kernels.moe.hopper_w4a16.tile_choice import DecodeConfig as D
 
-    out = []
-    for (l1, l2), splits in ((_DECODE_FEW, ((1, 1), (2, 2), (4, 1))), (_DECODE_T8, ((1, 1), (2, 2))),
-                             (_DECODE_T16, ((1, 2),))):
-        for s1, s2 in splits:
-            out.append((D(l1.block_t, l1.mrep, l1.block_k, l1.num_warps, l1.prefetch, split_k=s1),
-                        D(l2.block_t, l2.mrep, l2.block_k, l2.num_warps, l2.prefetch, split_k=s2)))
-    return out
+    return [with_splits(pair, s1, s2) for pair, splits in ((_DECODE_FEW, ((1, 1), (2, 2), (4, 1))),
+                                                           (_DECODE_T8, ((1, 1), (2, 2))), (_DECODE_T16, ((1, 2),)))
+            for s1, s2 in splits]
 
 
 def test_pdl_goes_with_the_mma_sync_pairs_only(monkeypatch):
@@ -67,7 +61,7 @@ def test_same_bits_as_plain_launches(tokens, monkeypatch):
     monkeypatch.setattr(dg, "launch", lambda *a, **k: (asked.append(k["pdl"]), launch(*a, **k))[1])
     for pair in _pairs():
         for other, routed in ((0.0, 0), (0.5, 64)):
-            x, ids, wts = _tokens(g, tokens, 32, other=other)
+            x, ids, wts = routed_tokens(g, tokens, 32, H, other=other)
             on, off = on_and_off(monkeypatch, "PDL", lambda: nvfp4_moe_forward_triton(
                 x, k13, k2, wts, ids, swiglu_limit=LIMIT, config=pair, poison=True, tiled=True,
                 routed_experts=routed))
@@ -91,7 +85,7 @@ def test_pdl_in_a_cuda_graph(tokens, monkeypatch):
     sm90_or_skip("programmatic dependent launch is used between the mma.sync decode kernels")
     g = fresh_generator()
     w13, w2 = nvfp4_experts(g, 64, H, I)
-    x, ids, wts = _tokens(g, tokens, 64)
+    x, ids, wts = routed_tokens(g, tokens, 64, H)
     pair = _pairs()[1]  # split 2 / 2: L1's counters and L2's partials under PDL
     run = lambda: nvfp4_moe_forward_triton(x, w13, w2, wts, ids, swiglu_limit=LIMIT, config=pair)  # noqa: E731
     on_and_off(monkeypatch, "PDL", run)  # both variants compiled, the counters made, outside capture
@@ -99,7 +93,7 @@ def test_pdl_in_a_cuda_graph(tokens, monkeypatch):
     with torch.cuda.graph(graph):
         out = run()
     for other in (0.0, 0.5, 0.0):
-        nx, nids, nwts = _tokens(g, tokens, 64, other=other)
+        nx, nids, nwts = routed_tokens(g, tokens, 64, H, other=other)
         x.copy_(nx)
         ids.copy_(nids)
         wts.copy_(nwts)

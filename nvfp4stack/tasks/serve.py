@@ -21,6 +21,7 @@ from pathlib import Path
 
 from nvfp4stack.cli import EXIT_INTERRUPTED, EXIT_PROBLEMS
 from nvfp4stack.engine.args import SYNTHETIC, format_cli, server_argv
+from nvfp4stack.engine.compat import draft_prompt_logprobs_warning
 from nvfp4stack.engine.config import VLLM_KEY_ENV
 from nvfp4stack.engine.plan_section import SECTION_KEY, EnginePlan, engine_plan_for, load_time_refusal
 from nvfp4stack.plan.build import kv_cache_for_config, plan_for_config
@@ -213,6 +214,9 @@ def run(cfg) -> int:
         return EXIT_PROBLEMS
     if too_big:
         print(f"[serve] WARNING: {too_big}; serving anyway (engine.allow_overcommit=true)", file=sys.stderr)
+    draft_note = draft_prompt_logprobs_warning(engine, cfg.arch.name)
+    if draft_note:
+        print(f"[serve] WARNING: {draft_note}", file=sys.stderr, flush=True)
     ckpt = resolve_checkpoint(cfg, plan, build=not engine.dry_run)
     argv = build_argv(cfg, plan, ckpt)
     if (plan.needs_plugin() or engine.load_format == SYNTHETIC) and not engine.dry_run:

@@ -42,6 +42,8 @@ if sys.argv[1:2] == ["profile"]:
 args = sys.argv[1:]
 out = args[args.index("--json") + 1]
 print("client", args[args.index("--base-url") + 1], flush=True)
+if "--skip-teacher-forced" in args:
+    print("teacher-forced scoring skipped:", args[args.index("--skip-teacher-forced") + 1], flush=True)
 json.dump({"greedy": [{"prompt_len": 1, "token_ids": [7, 8], "tokens": None, "logprobs": [-1.0, -2.0]}],
            "teacher_forced": [{"prompt_len": 2, "own_logprob": [-1.5], "top1": [7]}],
            "decode": {"1": {"median": 100.0, "min": 99.0, "max": 101.0}}}, open(out, "w"))
@@ -99,6 +101,7 @@ RUNS = {
     "seqep_profile": ("seqep", {"PROFILE": "1"}),
     "seqep_late": ("seqep", {"PHASE_S": "10", "MEASURE_S": "100000"}),
     "pair_profile": ("ep", {"PROFILE": "1"}),
+    "tp4": ("tp4", {}),
 }
 
 
@@ -327,3 +330,21 @@ def test_the_profile_override_reaches_engine_extra_args_through_hydra():
                                            "--profiler-config.torch_profiler_dir=/tmp/flash/prof/ours-ep",
                                            "--profiler-config.torch_profiler_with_stack=false"]
 
+
+
+@pytest.mark.skipif(shutil.which("setsid") is None, reason="needs setsid (util-linux)")
+def test_tp4_with_the_draft_times_every_batch_and_scores_no_prompt(pairs):
+    """TP4 + EP + MTP on four GPUs: two client runs at batches 1/32/256; neither asks for prompt_logprobs, which
+    vLLM 0.26 gets wrong with the draft under CUDA graphs (vllm-project/vllm#53488, seen there on 2026-11-28)."""
+    r, flash, device_out = pairs("tp4")
+    log = (flash / "pairs.log").read_text()
+    assert r.returncode == 0, r.stderr + log
+    assert list(device_out.iterdir()) == []
+    serve = (flash / "ours-tp4.serve.log").read_text()
+    assert "engine.tp=4" in serve and "engine.ep=true" in serve and "| GPUs 0,1,2,3 " in serve
+    assert "recipe=dsv4_flash_h200" in serve and "engine.speculative.method=null" not in serve   # the draft kept
+    said = [line for line in (flash / "ours-tp4.serve.log").read_text().splitlines() + log.splitlines()
+            if line.startswith("teacher-forced scoring skipped: MTP draft with CUDA graphs")]
+    assert len(said) == 2 and all("vllm-project/vllm#53488" in line for line in said), serve + log
+    assert sorted(p.name for p in flash.glob("*.json")) == ["ours-tp4-r1.json", "ours-tp4-r2.json"]
+    assert "phase tp4 done" in log

@@ -157,15 +157,16 @@ def test_ratio_per_cell_with_noise_and_compiles(tmp_path, capsys):
     assert out[3].endswith("not a measurement: a compile inside its timed rounds")
 
 
-def test_a_refused_teacher_forced_request_is_reported_and_the_timed_cells_still_run(tmp_path):
-    """TP4 + EP + MTP (four H200s, 2026-11-28) answered the teacher-forced requests with HTTP 400, and the client
-    died before its first timed cell. Now vLLM's reason (the body) is printed and kept, and the client goes on."""
+def _run_client_on_a_stand_in(tmp_path, *extra):
+    """The client against a stand-in server that refuses every prompt_logprobs request with HTTP 400 and answers
+    the rest: (the finished process, its JSON, the request bodies the stand-in saw)."""
     import http.server
     import subprocess
     import sys
     import threading
 
     reason = '{"error": {"message": "prompt_logprobs refused by this stand-in", "code": 400}}'
+    seen = []
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def log_message(self, *a):
@@ -173,6 +174,7 @@ def test_a_refused_teacher_forced_request_is_reported_and_the_timed_cells_still_
 
         def do_POST(self):
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append(body)
             code, data = 200, json.dumps({"choices": [{"text": "x", "token_ids": [5], "logprobs": {
                 "tokens": ["x"], "token_logprobs": [-0.5]}}], "usage": {"completion_tokens": body["max_tokens"]}})
             if body.get("prompt_logprobs"):
@@ -189,19 +191,36 @@ def test_a_refused_teacher_forced_request_is_reported_and_the_timed_cells_still_
     try:
         r = subprocess.run([sys.executable, str(SCRIPT), "--base-url", f"http://127.0.0.1:{srv.server_port}/v1",
                             "--model", "m", "--json", str(out), "--batches", "2", "--rounds", "3",
-                            "--decode-tokens", "3", "--prefill-tokens", "16"],
+                            "--decode-tokens", "3", "--prefill-tokens", "16", *extra],
                            capture_output=True, text=True, timeout=120)
     finally:
         srv.shutdown()
     assert r.returncode == 0, r.stderr
+    return r, json.loads(out.read_text()), seen
+
+
+def test_a_refused_teacher_forced_request_is_reported_and_the_timed_cells_still_run(tmp_path):
+    """TP4 + EP + MTP (four H200s, 2026-11-28) answered the teacher-forced requests with HTTP 400, and the client
+    died before its first timed cell. Now vLLM's reason (the body) is printed and kept, and the client goes on."""
+    r, res, _ = _run_client_on_a_stand_in(tmp_path)
     skipped = [line for line in r.stdout.splitlines() if line.startswith("teacher-forced scoring skipped:")]
     assert len(skipped) == 7   # every prompt of 2 tokens or more
     assert "answered HTTP 400" in skipped[0] and "prompt_logprobs refused by this stand-in" in skipped[0]
     assert "'prompt_logprobs': 2" in skipped[0] and "a 2-token prompt" in skipped[0]
-    res = json.loads(out.read_text())
     assert [t["prompt_len"] for t in res["teacher_forced"]] == [2, 4, 8, 16, 64, 256, 600]
     assert all("HTTP 400" in t["error"] for t in res["teacher_forced"])
     assert len(res["decode"]["2"]["rounds"]) == 3 and len(res["prefill"]["rounds"]) == 3
+
+
+def test_scoring_skipped_on_request_asks_for_no_prompt_logprobs_and_says_why(tmp_path):
+    """A server with the MTP draft under CUDA graphs scores prompts wrongly (vllm-project/vllm#53488; TP4 + EP +
+    MTP, 2026-11-28): dsv4_flash_serve.sh passes --skip-teacher-forced there, and the reason is kept."""
+    why = "MTP draft with CUDA graphs"
+    r, res, seen = _run_client_on_a_stand_in(tmp_path, "--skip-teacher-forced", why)
+    assert f"teacher-forced scoring skipped: {why}" in r.stdout.splitlines()
+    assert not any("prompt_logprobs" in body for body in seen) and len(seen) > 8
+    assert res["teacher_forced"] == [] and res["teacher_forced_skipped"] == why
+    assert len(res["greedy"]) == 8 and len(res["decode"]["2"]["rounds"]) == 3
 
 
 def test_compare_leaves_out_prompts_a_server_refused_to_score(tmp_path, capsys):

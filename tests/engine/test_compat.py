@@ -31,3 +31,22 @@ def test_jit_hook_is_lifted_during_our_launch_and_restored():
         assert knobs.runtime.jit_post_compile_hook is hook  # restored on errors too
     finally:
         knobs.runtime.jit_post_compile_hook = None
+
+
+def test_serve_warns_of_vllms_prompt_logprobs_under_a_draft_with_cuda_graphs():
+    """vLLM's GPU runner computes prompt_logprobs after the draft ran, from a graph output the draft's graph may
+    reuse (vllm-project/vllm#53488): seen on DeepSeek-V4-Flash with MTP at TP4 (bench/RESULTS.md, 2026-11-28)."""
+    from nvfp4stack.cli import compose_config
+
+    cfg = compose_config("recipe=dsv4_flash_h200", "run_dir=/tmp/unused")
+    note = compat.draft_prompt_logprobs_warning(cfg.engine, cfg.arch.name)
+    # the recipe's decode batches 1-256 with 2 draft tokens: graphs up to 768 tokens
+    assert "prompts of up to 768 tokens, the largest captured size" in note
+    assert "vllm-project/vllm#53488" in note and "engine.speculative.method=null" in note
+    given = compose_config("recipe=dsv4_flash_h200", "run_dir=/tmp/unused", "engine.cudagraph_batches=null")
+    assert "vLLM's largest CUDA-graph size" in compat.draft_prompt_logprobs_warning(given.engine, "sm90")
+    no_graphs = "engine.compilation_config='{\"cudagraph_mode\":\"NONE\"}'"
+    for overrides, arch in ((["engine.speculative.method=null"], "sm90"), (["engine.enforce_eager=true"], "sm90"),
+                            ([], "cpu"), (["engine.cudagraph_batches=null", no_graphs], "sm90")):
+        c = compose_config("recipe=dsv4_flash_h200", "run_dir=/tmp/unused", *overrides)
+        assert compat.draft_prompt_logprobs_warning(c.engine, arch) is None, (overrides, arch)

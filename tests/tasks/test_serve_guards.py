@@ -204,3 +204,15 @@ def test_a_taken_port_is_refused_before_launch(launched, tmp_path, capsys):
     assert "argv" not in launched   # nothing was started
     line = err.strip().splitlines()[-1]
     assert f"engine.port={port}: 127.0.0.1:{port} is already in use" in line and "set engine.port" in line
+
+
+def test_a_draft_under_cuda_graphs_is_warned_about_before_launch(tmp_path, capsys):
+    """vLLM's wrong prompt_logprobs with the MTP draft and CUDA graphs (vllm-project/vllm#53488) is said before
+    the server starts (here its dry run), and not where no graph runs."""
+    code = run_serve(tmp_path, "recipe=dsv4_flash_h200", "engine.dry_run=true")
+    err = capsys.readouterr().err
+    assert code == 0, err
+    warned = [line for line in err.splitlines() if "vllm-project/vllm#53488" in line]
+    assert len(warned) == 1 and warned[0].startswith("[serve] WARNING: engine.speculative.method=mtp: "), err
+    assert run_serve(tmp_path, "recipe=dsv4_flash_h200", "engine.dry_run=true", "engine.enforce_eager=true") == 0
+    assert "vllm-project/vllm#53488" not in capsys.readouterr().err

@@ -151,6 +151,9 @@ def compare(a_path: str, b_path: str) -> int:
     scored_b = {t["prompt_len"]: t for t in b.get("teacher_forced", []) if "error" not in t}
     pairs = [(t, scored_b[t["prompt_len"]]) for t in a.get("teacher_forced", [])
              if "error" not in t and t["prompt_len"] in scored_b]
+    for which, r in (("first", a), ("second", b)):
+        if r.get("teacher_forced_skipped"):
+            print(f"teacher-forced: the {which} run scored no prompt: {r['teacher_forced_skipped']}")
     refused = [[t["prompt_len"] for t in r.get("teacher_forced", []) if "error" in t] for r in (a, b)]
     if refused[0] or refused[1]:
         print(f"teacher-forced: prompts left out, refused by the server (lengths): first run {refused[0]}, "

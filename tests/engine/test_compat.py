@@ -41,12 +41,15 @@ def test_serve_warns_of_vllms_prompt_logprobs_under_a_draft_with_cuda_graphs():
     cfg = compose_config("recipe=dsv4_flash_h200", "run_dir=/tmp/unused")
     note = compat.draft_prompt_logprobs_warning(cfg.engine, cfg.arch.name)
     # the recipe's decode batches 1-256 with 2 draft tokens: graphs up to 768 tokens
-    assert "prompts of up to 768 tokens, the largest captured size" in note
+    assert "computed in a step of up to 768 tokens, the largest captured size" in note
     assert "vllm-project/vllm#53488" in note and "engine.speculative.method=null" in note
     given = compose_config("recipe=dsv4_flash_h200", "run_dir=/tmp/unused", "engine.cudagraph_batches=null")
     assert "vLLM's largest CUDA-graph size" in compat.draft_prompt_logprobs_warning(given.engine, "sm90")
-    no_graphs = "engine.compilation_config='{\"cudagraph_mode\":\"NONE\"}'"
+    mode = "engine.compilation_config='{{\"cudagraph_mode\":\"{}\"}}'".format
+    piecewise = compose_config("recipe=dsv4_flash_h200", "run_dir=/tmp/unused", mode("PIECEWISE"))
+    assert "768 tokens" in compat.draft_prompt_logprobs_warning(piecewise.engine, "sm90")   # prefill in graphs
     for overrides, arch in ((["engine.speculative.method=null"], "sm90"), (["engine.enforce_eager=true"], "sm90"),
-                            ([], "cpu"), (["engine.cudagraph_batches=null", no_graphs], "sm90")):
+                            ([], "cpu"), (["engine.cudagraph_batches=null", mode("NONE")], "sm90"),
+                            ([mode("FULL_DECODE_ONLY")], "sm90")):
         c = compose_config("recipe=dsv4_flash_h200", "run_dir=/tmp/unused", *overrides)
         assert compat.draft_prompt_logprobs_warning(c.engine, arch) is None, (overrides, arch)

@@ -212,7 +212,7 @@ def test_a_refused_teacher_forced_request_is_reported_and_the_timed_cells_still_
     assert len(res["decode"]["2"]["rounds"]) == 3 and len(res["prefill"]["rounds"]) == 3
 
 
-def test_scoring_skipped_on_request_asks_for_no_prompt_logprobs_and_says_why(tmp_path):
+def test_scoring_skipped_on_request_asks_for_no_prompt_logprobs_and_says_why(tmp_path, capsys):
     """A server with the MTP draft under CUDA graphs scores prompts wrongly (vllm-project/vllm#53488; TP4 + EP +
     MTP, 2026-11-28): dsv4_flash_serve.sh passes --skip-teacher-forced there, and the reason is kept."""
     why = "MTP draft with CUDA graphs"
@@ -221,16 +221,12 @@ def test_scoring_skipped_on_request_asks_for_no_prompt_logprobs_and_says_why(tmp
     assert not any("prompt_logprobs" in body for body in seen) and len(seen) > 8
     assert res["teacher_forced"] == [] and res["teacher_forced_skipped"] == why
     assert len(res["greedy"]) == 8 and len(res["decode"]["2"]["rounds"]) == 3
-    import subprocess
-    import sys
-
     other = tmp_path / "other.json"
     other.write_text(json.dumps({**res, "teacher_forced_skipped": None}))
-    said = subprocess.run([sys.executable, str(SCRIPT), "compare", str(other), str(tmp_path / "run.json")],
-                          capture_output=True, text=True, timeout=60)
-    assert said.returncode == 0, said.stderr
-    assert f"teacher-forced: the second run scored no prompt: {why}" in said.stdout.splitlines()
-    assert "the first run scored no prompt" not in said.stdout
+    assert _module().compare(str(other), str(tmp_path / "run.json")) == 0
+    said = capsys.readouterr().out
+    assert f"teacher-forced: the second run scored no prompt: {why}" in said.splitlines()
+    assert "the first run scored no prompt" not in said
 
 
 def test_compare_leaves_out_prompts_a_server_refused_to_score(tmp_path, capsys):

@@ -47,3 +47,31 @@ def test_nvfp4_variant_matches_bf16_and_plans_as_nvfp4_experts(tmp_path):
 def test_rejects_unknown_expert_format(tmp_path):
     with pytest.raises(ValueError, match="nvfp4 or bf16"):
         build(tmp_path / "x", "fp8", SMALL, device="cpu")
+
+
+@pytest.mark.parametrize("experts", ["nvfp4", "bf16"])
+def test_checkpoint_bytes_is_what_build_writes(tmp_path, experts):
+    from nvfp4stack.models.deepseek_v3.bench_model import checkpoint_bytes
+
+    out = build(tmp_path / experts, experts, SMALL, device="cpu")
+    payload = 0
+    for shard in out.glob("*.safetensors"):
+        with open(shard, "rb") as f:
+            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        payload += sum(t["data_offsets"][1] - t["data_offsets"][0] for k, t in header.items() if k != "__metadata__")
+    assert payload == checkpoint_bytes(SMALL, experts) > 0
+
+
+def test_refuses_a_build_that_does_not_fit_and_writes_nothing(tmp_path, monkeypatch):
+    from collections import namedtuple
+
+    from nvfp4stack.models.deepseek_v3 import bench_model
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(bench_model.shutil, "disk_usage", lambda p: usage(10**12, 10**12 - 10**6, 10**6))
+    with pytest.raises(ValueError) as e:
+        build(tmp_path / "cache" / "bf16", "bf16", SMALL, device="cpu")
+    msg = str(e.value)
+    assert "synthetic bf16 checkpoint of 3 layers" in msg and "0.0 GB free" in msg
+    assert "bench.engine_model_layers" in msg and "leave bf16 out of bench.engine_settings" in msg
+    assert not (tmp_path / "cache").exists() and list(tmp_path.iterdir()) == []

@@ -25,3 +25,25 @@ def test_a_busy_share_gets_no_speed_up_and_low_cells_are_named_host_bound():
     assert host_bound_line({"bf16": {"decode b=32 GPU busy %": [79.0, 80.0, 95.0]}}) is None   # 80% itself: busy
     assert host_bound_line({"bf16": {"decode b=32 GPU busy %": [70.0, 79.9, 95.0]}}).endswith("bf16 decode b=32 (79.9%)")
     assert host_bound_line({"bf16": {"decode b=32 TPOT ms": [5.8]}}) is None     # no NVML, no verdict
+
+
+def test_the_step_time_spread_is_named_beside_a_worse_throughput_spread():
+    from nvfp4stack.bench.engine_table import spread_lines
+
+    results = {   # the 2026-11-28 32-layer run's ours: tok/s counts each wave's ramp, TPOT only the steps
+        "triton_w4a16": {"decode b=8 tok/s": [873.0, 1016.0, 1017.0], "decode b=8 TPOT ms": [7.45, 7.55, 7.55],
+                         "decode b=256 TPOT ms": [19.1, 19.7, 20.1], "prefill 2048 TTFT ms": [570.0, 575.0, 582.0],
+                         "decode b=8 GPU busy %": [84.0, 93.0, 95.0]},
+        "marlin": {"decode b=8 tok/s": [801.0, 847.0, 860.0], "decode b=8 TPOT ms": [9.07, 9.09, 9.12],
+                   "decode b=256 TPOT ms": [24.5, 24.7, 25.9]},
+        "humming": {"decode b=1 tok/s": [197.0, 199.0, 199.0]},   # no TPOT measured: no second clause
+    }
+    assert spread_lines(results) == [
+        "triton_w4a16: worst 14.2% (decode b=8 tok/s, 3 rounds), OVER the 5% goal; "
+        "decode step time worst 5.1% (decode b=256 TPOT ms, 3 rounds), OVER the 5% goal",
+        "marlin: worst 7.0% (decode b=8 tok/s, 3 rounds), OVER the 5% goal; "
+        "decode step time worst 5.7% (decode b=256 TPOT ms, 3 rounds), OVER the 5% goal",
+        "humming: worst 1.0% (decode b=1 tok/s, 3 rounds), within the 5% goal"]
+    results["marlin"]["decode b=256 TPOT ms"] = [24.5, 24.7, 25.0]
+    assert spread_lines(results)[1].endswith("decode step time worst 2.0% (decode b=256 TPOT ms, 3 rounds), within "
+                                             "the 5% goal")

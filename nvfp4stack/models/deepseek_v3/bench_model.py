@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -87,6 +87,41 @@ def tensor_shapes(spec: EngineModelSpec):
                 yield f"{p}.mlp.experts.{e}.{proj}.weight", shape, "expert"
 
 
+def checkpoint_bytes(spec: EngineModelSpec, experts: str) -> int:
+    """The tensor bytes ``build`` writes for ``spec`` (safetensors headers aside): BF16 weights and norms,
+    FP32 biases; NVFP4 experts as packed codes (half a byte an element), one e4m3 scale per 16, and two FP32
+    scalars (``weight_scale_2``, ``input_scale``)."""
+    total = 0
+    for _, shape, role in tensor_shapes(spec):
+        n = 1
+        for d in shape:
+            n *= d
+        if role == "expert" and experts == "nvfp4":
+            total += n // 2 + n // 16 + 8
+        else:
+            total += 4 * n if role == "bias" else 2 * n
+    return total
+
+
+def check_free_space(out: Path, experts: str, spec: EngineModelSpec) -> None:
+    """Refuse a build that cannot fit on ``out``'s file system before it writes anything (it would fill the
+    disk and fail part way)."""
+    need = checkpoint_bytes(spec, experts)
+    dense = spec.first_k_dense_replace
+    per_layer = (checkpoint_bytes(replace(spec, num_hidden_layers=dense + 1), experts)
+                 - checkpoint_bytes(replace(spec, num_hidden_layers=dense), experts))
+    probe = out.parent
+    while not probe.exists():
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if free < need:
+        drop = " or leave bf16 out of bench.engine_settings" if experts == "bf16" else ""
+        raise ValueError(
+            f"the synthetic {experts} checkpoint of {spec.num_hidden_layers} layers needs {need / 1e9:.1f} GB at "
+            f"{out} ({per_layer / 1e9:.2f} GB a MoE layer), and {probe} has {free / 1e9:.1f} GB free; fix: fewer "
+            f"layers (bench.engine_model_layers, or --layers){drop}, or a cache_dir on a larger disk")
+
+
 def _random(shape, role, gen, device) -> torch.Tensor:
     if role == "norm":
         return torch.ones(shape, dtype=torch.bfloat16, device=device)
@@ -134,6 +169,7 @@ def build(out: str | Path, experts: str = "nvfp4", spec: EngineModelSpec = Engin
                 yield f"{base}.input_scale", act_scale
 
     out = Path(out)
+    check_free_space(out, experts, spec)
     with atomic_dir(out) as tmp:
         save_sharded(tensors(), tmp, max_shard_bytes=2 << 30)
         cfg = hf_config(spec)

@@ -68,10 +68,31 @@ def test_refuses_a_build_that_does_not_fit_and_writes_nothing(tmp_path, monkeypa
     from nvfp4stack.models.deepseek_v3 import bench_model
 
     usage = namedtuple("usage", "total used free")
-    monkeypatch.setattr(bench_model.shutil, "disk_usage", lambda p: usage(10**12, 10**12 - 10**6, 10**6))
+    probed = []
+    monkeypatch.setattr(bench_model.shutil, "disk_usage",
+                        lambda p: probed.append(p) or usage(10**12, 10**12 - 10**6, 10**6))
     with pytest.raises(ValueError) as e:
         build(tmp_path / "cache" / "bf16", "bf16", SMALL, device="cpu")
     msg = str(e.value)
     assert "synthetic bf16 checkpoint of 3 layers" in msg and "0.0 GB free" in msg
     assert "bench.engine_model_layers" in msg and "leave bf16 out of bench.engine_settings" in msg
+    assert probed == [tmp_path]   # the nearest existing parent of the output
     assert not (tmp_path / "cache").exists() and list(tmp_path.iterdir()) == []
+
+
+def test_free_space_counts_a_margin_and_the_copy_being_replaced(tmp_path, monkeypatch):
+    from collections import namedtuple
+
+    from nvfp4stack.models.deepseek_v3 import bench_model
+
+    need = bench_model.checkpoint_bytes(SMALL, "nvfp4")
+    usage = namedtuple("usage", "total used free")
+    free = [need]   # the bare tensor bytes: no room for the headers
+    monkeypatch.setattr(bench_model.shutil, "disk_usage", lambda p: usage(10**12, 0, free[0]))
+    with pytest.raises(ValueError, match="synthetic nvfp4 checkpoint"):
+        build(tmp_path / "q", "nvfp4", SMALL, device="cpu")
+    free[0] = need + need // 50 + (64 << 20)
+    out = build(tmp_path / "q", "nvfp4", SMALL, device="cpu")   # exactly enough
+    with pytest.raises(ValueError, match="synthetic nvfp4 checkpoint"):   # the old copy stays until the rename
+        build(out, "nvfp4", SMALL, device="cpu")
+    assert (out / "config.json").exists()

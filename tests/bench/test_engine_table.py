@@ -30,7 +30,7 @@ def test_a_busy_share_gets_no_speed_up_and_low_cells_are_named_host_bound():
 def test_the_step_time_spread_is_named_beside_a_worse_throughput_spread():
     from nvfp4stack.bench.engine_table import spread_lines
 
-    results = {   # the 2026-11-28 32-layer run's ours: tok/s counts each wave's ramp, TPOT only the steps
+    results = {   # made up after the 32-layer run's shape: tok/s counts each wave's ramp, TPOT only the steps
         "triton_w4a16": {"decode b=8 tok/s": [873.0, 1016.0, 1017.0], "decode b=8 TPOT ms": [7.45, 7.55, 7.55],
                          "decode b=256 TPOT ms": [19.1, 19.7, 20.1], "prefill 2048 TTFT ms": [570.0, 575.0, 582.0],
                          "decode b=8 GPU busy %": [84.0, 93.0, 95.0]},
@@ -47,3 +47,23 @@ def test_the_step_time_spread_is_named_beside_a_worse_throughput_spread():
     results["marlin"]["decode b=256 TPOT ms"] = [24.5, 24.7, 25.0]
     assert spread_lines(results)[1].endswith("decode step time worst 2.0% (decode b=256 TPOT ms, 3 rounds), within "
                                              "the 5% goal")
+
+
+def test_the_spread_lines_of_the_32_layer_run_are_those_results_quotes():
+    import json
+    from pathlib import Path
+
+    from nvfp4stack.bench.engine_table import spread_lines
+
+    data = Path(__file__).resolve().parents[2] / "bench" / "data" / "engine_32_layers_h200_2026-11-28"
+    lines = spread_lines(json.loads((data / "metrics.json").read_text())["results"])
+    assert lines == [
+        "triton_w4a16: worst 14.2% (decode b=8 tok/s, 3 rounds), OVER the 5% goal; "
+        "decode step time worst 4.8% (decode b=256 TPOT ms, 3 rounds), within the 5% goal",
+        "marlin: worst 7.3% (decode b=32 tok/s, 3 rounds), OVER the 5% goal; "
+        "decode step time worst 4.9% (decode b=256 TPOT ms, 3 rounds), within the 5% goal",
+        "humming: worst 8.0% (decode b=8 tok/s, 3 rounds), OVER the 5% goal; "
+        "decode step time worst 2.3% (decode b=256 TPOT ms, 3 rounds), within the 5% goal"]
+    fp8 = spread_lines(json.loads((data / "metrics_fp8_prefill.json").read_text())["results"])
+    assert fp8 == ["triton_w4a16+fp8: worst 17.7% (prefill 2048 TTFT ms, 3 rounds), OVER the 5% goal; "
+                   "decode step time worst 7.5% (decode b=256 TPOT ms, 3 rounds), OVER the 5% goal"]

@@ -107,6 +107,9 @@ def check_free_space(out: Path, experts: str, spec: EngineModelSpec) -> None:
     """Refuse a build that cannot fit on ``out``'s file system before it writes anything (it would fill the
     disk and fail part way)."""
     need = checkpoint_bytes(spec, experts)
+    need += need // 50 + (64 << 20)   # safetensors headers, config and tokenizer files: a margin
+    if out.exists():   # atomic_dir keeps the old copy until the new one is in place
+        need += sum(f.stat().st_size for f in out.rglob("*") if f.is_file() and not f.is_symlink())
     dense = spec.first_k_dense_replace
     per_layer = (checkpoint_bytes(replace(spec, num_hidden_layers=dense + 1), experts)
                  - checkpoint_bytes(replace(spec, num_hidden_layers=dense), experts))
@@ -118,7 +121,7 @@ def check_free_space(out: Path, experts: str, spec: EngineModelSpec) -> None:
         drop = " or leave bf16 out of bench.engine_settings" if experts == "bf16" else ""
         raise ValueError(
             f"the synthetic {experts} checkpoint of {spec.num_hidden_layers} layers needs {need / 1e9:.1f} GB at "
-            f"{out} ({per_layer / 1e9:.2f} GB a MoE layer), and {probe} has {free / 1e9:.1f} GB free; fix: fewer "
+            f"{out} ({per_layer / 1e9:.2f} GB a MoE layer, with a margin for headers), and {probe} has {free / 1e9:.1f} GB free; fix: fewer "
             f"layers (bench.engine_model_layers, or --layers){drop}, or a cache_dir on a larger disk")
 
 

@@ -89,7 +89,8 @@ def _short(pair) -> str:
         if hasattr(c, "mrep"):  # triton_w4a16.DecodeConfig (Gluon decode kernels; wgmma ones say which)
             kind = {0: "", 1: "/staged", 2: "/staged-w1", 3: "/ring"}[c.wgmma] + (f"+t{c.big_t}" if c.big_t else "")
             split = f"/sk{c.split_k}" if c.split_k > 1 else ""
-            return f"gluon t{c.block_t}/m{c.mrep}/k{c.block_k}/w{c.num_warps}/p{c.prefetch}{split}{kind}"
+            cap = f"/r{c.maxnreg}" if c.maxnreg else ""
+            return f"gluon t{c.block_t}/m{c.mrep}/k{c.block_k}/w{c.num_warps}/p{c.prefetch}{split}{cap}{kind}"
         return f"{c.block_m}x{c.block_n}x{c.block_k}/w{c.num_warps}/s{c.num_stages}/d{c.deq}"
     return one(pair[0]) + ("" if pair[0] == pair[1] else "+" + one(pair[1]))
 

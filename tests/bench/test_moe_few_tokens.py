@@ -68,3 +68,12 @@ def test_hbm_peak_takes_the_most_specific_name():
     assert mf.hbm_peak_tbs("NVIDIA H100 PCIe") == 2.0
     assert mf.hbm_peak_tbs("NVIDIA H100 NVL") == 3.9
     assert mf.hbm_peak_tbs("NVIDIA GeForce RTX 4090") is None
+
+
+def test_the_sweep_labels_tell_the_register_cap_and_prefetch_apart():
+    from nvfp4stack.bench.moe_kernel import _short
+    from nvfp4stack.kernels.moe.hopper_w4a16.tile_choice import DecodeConfig
+
+    capped = (DecodeConfig(8, 1, 256, 8, 2, split_k=2, maxnreg=80), DecodeConfig(8, 2, 128, 4, 2, split_k=2))
+    assert _short(capped) == "gluon t8/m1/k256/w8/p2/sk2/r80+gluon t8/m2/k128/w4/p2/sk2"
+    assert _short((DecodeConfig(8, 1, 256, 8, 2, split_k=2),) * 2) == "gluon t8/m1/k256/w8/p2/sk2"

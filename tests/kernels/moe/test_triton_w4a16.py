@@ -210,6 +210,45 @@ def test_split_k_config_is_checked():
             DecodeConfig(**{**dict(block_t=16, mrep=1, block_k=128, num_warps=4, prefetch=1), **bad})
 
 
+def test_prefetch_2_and_the_register_cap_are_checked():
+    from nvfp4stack.kernels.moe.hopper_w4a16.tile_choice import DECODE_CANDIDATES, DecodeConfig
+
+    assert DecodeConfig(8, 1, 128, 8, 2, split_k=2).fits(4096, 2048)   # activations prefetched too
+    assert DecodeConfig(8, 1, 256, 8, 2, split_k=2, maxnreg=80).maxnreg == 80
+    for bad in (dict(prefetch=3), dict(maxnreg=84), dict(maxnreg=16), dict(maxnreg=256),
+                dict(maxnreg=80, wgmma=3, prefetch=3)):
+        with pytest.raises(ValueError, match="prefetch|maxnreg"):
+            DecodeConfig(**{**dict(block_t=8, mrep=1, block_k=128, num_warps=4, prefetch=2), **bad})
+    # the sweep tries them at Flash's one-token shape (split 2: 384 CTAs a GEMM)
+    new = [p for p in DECODE_CANDIDATES if any(c.prefetch == 2 and not c.wgmma for c in p)]
+    assert len(new) == 4 and all(c.fits(4096, 2048) and c.split_k == 2 for p in new for c in p)
+    assert any(c.maxnreg == 80 for p in new for c in p)
+
+
+@gpu
+@pytest.mark.gpu
+def test_prefetch_2_and_the_register_cap_keep_the_bits():
+    """Prefetching the activations too (prefetch 2), or capping the registers, changes when loads are issued,
+    not what is summed in which order: the same bits as the prefetch-1 tile of the same shape and split."""
+    from nvfp4stack.kernels.moe.hopper_w4a16.fused_moe import DecodeConfig, decode_available, nvfp4_moe_forward_triton
+
+    if not decode_available(torch.device("cuda")):
+        pytest.skip("the decode kernels run on sm90 only")
+    g = _gen("cuda")
+    for tokens in (1, 3):
+        x, w13, w2, wts, ids = _problem(g, experts=16, hidden=1024, inter=512, tokens=tokens, top_k=6)
+        outs = {}
+        for name, pair in {
+            "p1": (DecodeConfig(8, 1, 256, 8, 1, split_k=2), DecodeConfig(8, 2, 128, 4, 1, split_k=2)),
+            "p2": (DecodeConfig(8, 1, 256, 8, 2, split_k=2), DecodeConfig(8, 2, 128, 4, 2, split_k=2)),
+            "p2 capped": (DecodeConfig(8, 1, 256, 8, 2, split_k=2, maxnreg=80),
+                          DecodeConfig(8, 2, 128, 4, 2, split_k=2, maxnreg=96)),
+        }.items():
+            outs[name] = nvfp4_moe_forward_triton(x, w13, w2, wts, ids, swiglu_limit=LIMIT, config=pair)
+            _check(x, w13, w2, wts, ids, config=pair, label=f"{name}, {tokens} token(s)")
+        assert torch.equal(outs["p1"], outs["p2"]) and torch.equal(outs["p1"], outs["p2 capped"]), tokens
+
+
 @gpu
 @pytest.mark.gpu
 def test_every_tile_config_small_ragged():

@@ -21,8 +21,10 @@ computed in registers.
 
 Variants (PREFETCH): 0 loads each K step's tiles at the top of the step and relies on occupancy
 to hide latency; 1 loads the next step's weight words before this step's math (one step of
-register double buffering). A cp.async shared-memory ring of 2-4 stages was also tried and was
-20-50% slower (bench/moe_kernel_notes.md).
+register double buffering); 2 the next step's activations too (1 loads them where they are used, an
+L2 hit waited for every step). A cp.async shared-memory ring of 2-4 stages was also tried and was
+20-50% slower (bench/moe_kernel_notes.md). ``DecodeConfig.maxnreg`` caps the registers a thread
+may use (Triton's ``maxnreg``), so that more programs fit on an SM where the grid has them.
 
 Programmatic dependent launch (``PDL``, sm90): L1 lets L2 launch as soon as every L1 program has
 started, and L2 is launched with ``launch_pdl``: its programs take the SM slots L1's last wave frees,
@@ -71,7 +73,7 @@ def decode_layouts(num_warps: int, mrep: int, block_t: int, block_k: int, prefet
     """Register layouts (Gluon) for one CTA of ``num_warps`` warps, each warp ``mrep`` 16-row tiles.
 
     Returns (mma, w_bytes [R, BK/2], w_blocks [R, BK/16, 8], x [BT, BK], extra) where extra is
-    (w32,): the weight tile as int32 words for the register-prefetch variant (prefetch == 1), else None.
+    (w32,): the weight tile as int32 words for the register-prefetch variants (prefetch 1 and 2), else None.
     """
     assert block_k % 64 == 0 and block_t in (8, 16, 32)
     rows = 16 * num_warps * mrep
@@ -96,13 +98,13 @@ def decode_layouts(num_warps: int, mrep: int, block_t: int, block_k: int, prefet
         lane_bases=[[0, block_k // 4], [0, block_k // 2], [1, 0], [2, 0], [4, 0]],
         warp_bases=[[0, 0] for _ in _bits(num_warps)], block_bases=[], shape=[block_t, block_k],
     )
-    # the weight tile as 32-bit words (register-prefetch variant, prefetch == 1)
+    # the weight tile as 32-bit words (register-prefetch variants, prefetch 1 and 2)
     w32 = gl.DistributedLinearLayout(
         reg_bases=[[0, b] for b in _bits(bpt // 4)] + [[8, 0]] + rep_rows,
         lane_bases=[[0, bpt // 4], [0, bpt // 2], [1, 0], [2, 0], [4, 0]],
         warp_bases=warps2, block_bases=[], shape=[rows, block_k // 8],
     )
-    extra = (w32,) if prefetch == 1 else None
+    extra = (w32,) if prefetch in (1, 2) else None
     return mma, w_bytes, w_blocks, x, extra
 
 
@@ -196,7 +198,8 @@ def _gemm_rows(
             sc = _scales(gl.load(s_ptrs + k0 // 16))
             x = gl.load(x_ptrs + k0, mask=xm, other=0.0)
             acc = mma_v2(_dequant_a(w, sc, MMA, W_BLOCKS, ROWS, BK, TILED), _x_operand(x, MMA, BT, BK), acc)
-    elif PREFETCH == 1:  # register prefetch: step k+1's words are loaded before step k's math
+    else:  # register prefetch: step k+1's words (PREFETCH 2: and its activations) are loaded before step k's math
+        XA: gl.constexpr = PREFETCH == 2
         W32: gl.constexpr = W32_L[0]
         w32_row = gl.convert_layout(w_row_ptr, gl.SliceLayout(1, W32)).to(gl.pointer_type(gl.int32), bitcast=True)
         w32_ptrs = gl.expand_dims(w32_row, 1) + gl.expand_dims(_w_words(BK, gl.SliceLayout(0, W32), TILED), 0)
@@ -204,15 +207,23 @@ def _gemm_rows(
         sc = gl.load(s_ptrs + k_lo // 16)
         if WAIT:  # the first step's weights are on their way: now wait for the activations' writer
             gdc_wait()
+        if XA:
+            x = gl.load(x_ptrs + k_lo, mask=xm, other=0.0)
         for k0 in range(k_lo + BK, k_hi, BK):
-            x = gl.load(x_ptrs + (k0 - BK), mask=xm, other=0.0)  # L2-resident: not prefetched
+            if not XA:
+                x = gl.load(x_ptrs + (k0 - BK), mask=xm, other=0.0)  # L2-resident: loaded where it is used
             w_n = gl.load(w32_ptrs + _w_col0(k0 // 2, BK // 2, TILED) // 4)
             sc_n = gl.load(s_ptrs + k0 // 16)
+            if XA:
+                x_n = gl.load(x_ptrs + k0, mask=xm, other=0.0)
             a = _dequant_a(_bytes_of(w, W_BYTES, ROWS, BK), _scales(sc), MMA, W_BLOCKS, ROWS, BK, TILED)
             acc = mma_v2(a, _x_operand(x, MMA, BT, BK), acc)
             w = w_n
             sc = sc_n
-        x = gl.load(x_ptrs + (k_hi - BK), mask=xm, other=0.0)
+            if XA:
+                x = x_n
+        if not XA:
+            x = gl.load(x_ptrs + (k_hi - BK), mask=xm, other=0.0)
         a = _dequant_a(_bytes_of(w, W_BYTES, ROWS, BK), _scales(sc), MMA, W_BLOCKS, ROWS, BK, TILED)
         acc = mma_v2(a, _x_operand(x, MMA, BT, BK), acc)
     return acc
@@ -372,7 +383,7 @@ def launch(cfg1, cfg2, l1_args: tuple, l2_args: tuple, nblocks: int, inter: int,
         mma, w_bytes, w_blocks, x_l, extra = decode_layouts(c.num_warps, c.mrep, c.block_t, c.block_k, c.prefetch)
         return dict(MMA=mma, W_BYTES=w_bytes, W_BLOCKS=w_blocks, X_L=x_l, ROWS=c.rows, BT=c.block_t,
                     BK=c.block_k, PREFETCH=c.prefetch, W32_L=extra, TILED=tiled, SPLIT=c.split_k,
-                    num_warps=c.num_warps)
+                    num_warps=c.num_warps, **({"maxnreg": c.maxnreg} if c.maxnreg else {}))
 
     n_tiles = inter // (cfg1.rows // 2)
     ws, counts = split_workspace(cfg1, n_tiles * nblocks, l1_args[0].device)

@@ -55,7 +55,7 @@ class DecodeConfig:
     mrep: int
     block_k: int
     num_warps: int = 4
-    prefetch: int = 0  # 1: the next K step's weights are loaded before this step's math; 0: not
+    prefetch: int = 0  # 1: the next K step's weights are loaded before this step's math (2: its activations too); 0: not
     # 1: the wgmma kernels (_decode_wgmma.py: token tile staged in shared memory per CTA, chunks of
     # chunk_k columns, weights prefetched ``prefetch`` K steps ahead), 2: the same with each step's
     # wgmma left in flight while the next step dequantizes; 3: weights and token tiles through one
@@ -70,6 +70,9 @@ class DecodeConfig:
     # warps to keep enough bytes in flight, fills the GPU. The runs' fp32 partials are summed in run order:
     # L1's by the tile's last run to finish (a count per tile), before its SwiGLU; L2's by the top-k sum.
     split_k: int = 1
+    # mma.sync tiles only: Triton's register cap a thread (0: the compiler's choice), so that more CTAs fit on an
+    # SM where the grid has more than fit (e.g. 80 at 256 threads: 3 CTAs where 122 registers fit 2)
+    maxnreg: int = 0
 
     @property
     def rows(self) -> int:
@@ -101,8 +104,8 @@ class DecodeConfig:
         return next((c for c in range(max(1, self.chunk_k // self.block_k), 0, -1) if steps % (2 * c) == 0), 0)
 
     def __post_init__(self):
-        if self.prefetch not in ((1, 2, 3, 7) if self.wgmma else (0, 1)) or self.block_t not in (8, 16, 32) or self.block_k % 64:
-            raise ValueError(f"DecodeConfig: prefetch 0|1 (wgmma tiles: 1, 2, 3 or 7 K steps ahead), block_t "
+        if self.prefetch not in ((1, 2, 3, 7) if self.wgmma else (0, 1, 2)) or self.block_t not in (8, 16, 32) or self.block_k % 64:
+            raise ValueError(f"DecodeConfig: prefetch 0|1|2 (wgmma tiles: 1, 2, 3 or 7 K steps ahead), block_t "
                              f"8|16|32, block_k a multiple of 64; got {self}")
         if self.wgmma not in (0, 1, 2, 3) or (self.wgmma and self.num_warps % 4):
             raise ValueError(f"DecodeConfig: wgmma 0-3, and wgmma tiles take whole warpgroups (num_warps 4, 8, 12, "
@@ -110,6 +113,9 @@ class DecodeConfig:
         if self.big_t and (self.wgmma != 3 or self.big_t not in (16, 32) or self.big_t <= self.block_t):
             raise ValueError(f"DecodeConfig: big_t (the busy experts' token block) is 0, or 16 or 32 tokens over "
                              f"block_t on a ring tile (wgmma 3); got {self}")
+        if self.maxnreg and (self.wgmma or self.maxnreg % 8 or not 24 <= self.maxnreg <= 255):
+            raise ValueError(f"DecodeConfig: maxnreg (a thread's register cap) is 0 (the compiler's choice), or a "
+                             f"multiple of 8 from 24 to 255 on the mma.sync tiles (wgmma 0) only; got {self}")
         if self.split_k not in (1, 2, 4, 8) or (self.split_k > 1 and self.wgmma):
             raise ValueError(f"DecodeConfig: split_k (K runs per tile, each its own CTA) is 1, 2, 4 or 8, and more "
                              f"than 1 on the mma.sync tiles (wgmma 0) only; got {self}")
@@ -315,7 +321,13 @@ DECODE_CANDIDATES: tuple[tuple[DecodeConfig, DecodeConfig], ...] = tuple(
     for bt, (m1, bk1, w1, pf1, s1), (m2, bk2, w2, pf2, s2) in (
         (8, (1, 256, 8, 0, 2), (2, 128, 4, 1, 2)), (8, (1, 256, 4, 0, 4), (2, 128, 4, 1, 4)),
         (8, (1, 128, 4, 1, 4), (1, 128, 4, 1, 4)), (8, (1, 256, 8, 0, 1), (2, 128, 4, 1, 4)),
-        (8, (1, 128, 4, 1, 8), (1, 64, 4, 1, 8)), (16, (1, 128, 4, 0, 2), (1, 128, 4, 0, 2)))
+        (8, (1, 128, 4, 1, 8), (1, 64, 4, 1, 8)), (16, (1, 128, 4, 0, 2), (1, 128, 4, 0, 2)),
+        # activations prefetched too (prefetch 2), grids that fit on the SMs at once at one token (compiled for
+        # sm90 on a CPU host only: 64-66 registers at BK 128 x 8 warps, 128 for the 2 x 4-warp L2; not yet timed)
+        (8, (1, 128, 8, 2, 2), (2, 128, 4, 2, 2)), (8, (1, 128, 8, 2, 2), (1, 128, 8, 2, 2)),
+        (8, (1, 256, 8, 0, 2), (2, 128, 4, 2, 2)))
+) + (  # L1 at BK 256 with prefetch 2 capped at 80 registers: 3 CTAs of 256 threads an SM instead of 2 (it spills 96 bytes)
+    (DecodeConfig(8, 1, 256, 8, 2, split_k=2, maxnreg=80), DecodeConfig(8, 2, 128, 4, 2, split_k=2)),
 )
 # Diagnostics for --sweep --diag (WRONG numbers, never selected): same loads and MMAs, no dequant.
 DIAG = (_t(16, 64, 256, 4, 3, deq=9), _t(128, 64, 64, 4, 3, deq=9))

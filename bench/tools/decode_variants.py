@@ -20,7 +20,14 @@ def main() -> int:
     import triton
     import triton.testing as tt
 
-    from nvfp4stack.bench.moe_kernel import SHAPES, _bf16_pipeline, balanced_routing, dequant_all, random_nvfp4_experts
+    from nvfp4stack.bench.moe_kernel import (
+        SHAPES,
+        _bf16_pipeline,
+        _short,
+        balanced_routing,
+        dequant_all,
+        random_nvfp4_experts,
+    )
     from nvfp4stack.kernels.moe.hopper_w4a16 import fused_moe as tw
     from nvfp4stack.kernels.moe.hopper_w4a16.torch_twin import nvfp4_moe_forward
 
@@ -77,19 +84,17 @@ def main() -> int:
             print(f"{name} {per_expert:3d}/exp routing alignment torch {t_route * 1e3:.1f} us, "
                   f"triton {t_route_tr * 1e3:.1f} us, top-k sum {t_sum * 1e3:.1f} us")
             variants = [("triton", tw.pick_config(slots / e)), ("auto", None)] + [
-                (f"d{i}:{c[0].block_t}/{c[0].mrep}/{c[0].block_k}/w{c[0].num_warps}/p{c[0].prefetch}", c) for i, c in enumerate(cands)
+                (f"d{i}:{_short(c)}", c) for i, c in enumerate(cands)
                 if c[0].fits(hidden, inter) and (c[0].block_t == 8 or per_expert > 8)
             ]
             # the picked pair (may differ between L1 and L2), labelled like the candidates
             pk = tw.pick_decode(slots / e, hidden, inter, dev)
             if pk is not None:
-                variants.append((f"d-pick:L1 {pk[0].block_t}/{pk[0].mrep}/{pk[0].block_k}/w{pk[0].num_warps}/p{pk[0].prefetch}"
-                                 f" L2 {pk[1].mrep}/{pk[1].block_k}/w{pk[1].num_warps}/p{pk[1].prefetch}", pk))
+                variants.append((f"d-pick:{_short(pk)}", pk))
             if a.cross:  # L1 and L2 need only share the routing block (block_t)
                 fit = [(i, c[0]) for i, c in enumerate(cands) if c[0].fits(hidden, inter)
                        and (c[0].block_t == 8) == (per_expert <= 8)]
-                variants += [(f"d{i}/{j}:L1 {c1.block_t}/{c1.mrep}/{c1.block_k}/w{c1.num_warps}/p{c1.prefetch}"
-                              f" L2 {c2.mrep}/{c2.block_k}/w{c2.num_warps}/p{c2.prefetch}", (c1, c2))
+                variants += [(f"d{i}/{j}:{_short((c1, c2))}", (c1, c2))
                              for i, c1 in fit for j, c2 in fit if i != j and c1.block_t == c2.block_t]
             for label, cfg in variants:
                 try:

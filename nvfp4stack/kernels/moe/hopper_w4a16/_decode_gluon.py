@@ -198,7 +198,8 @@ def _gemm_rows(
             sc = _scales(gl.load(s_ptrs + k0 // 16))
             x = gl.load(x_ptrs + k0, mask=xm, other=0.0)
             acc = mma_v2(_dequant_a(w, sc, MMA, W_BLOCKS, ROWS, BK, TILED), _x_operand(x, MMA, BT, BK), acc)
-    else:  # register prefetch: step k+1's words (PREFETCH 2: and its activations) are loaded before step k's math
+    else:  # PREFETCH 1 or 2 (DecodeConfig admits no other): register prefetch, step k+1's words (2: and its
+        # activations) are loaded before step k's math
         XA: gl.constexpr = PREFETCH == 2
         W32: gl.constexpr = W32_L[0]
         w32_row = gl.convert_layout(w_row_ptr, gl.SliceLayout(1, W32)).to(gl.pointer_type(gl.int32), bitcast=True)

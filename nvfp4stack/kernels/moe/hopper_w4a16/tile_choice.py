@@ -71,7 +71,8 @@ class DecodeConfig:
     # L1's by the tile's last run to finish (a count per tile), before its SwiGLU; L2's by the top-k sum.
     split_k: int = 1
     # mma.sync tiles only: Triton's register cap a thread (0: the compiler's choice), so that more CTAs fit on an
-    # SM where the grid has more than fit (e.g. 80 at 256 threads: 3 CTAs where 122 registers fit 2)
+    # SM where the grid has more than fit (e.g. 80 at 256 threads: 3 CTAs, where the prefetch-2 L1 tile at BK 256
+    # takes 101 registers uncapped, 2 CTAs; Triton 3.6)
     maxnreg: int = 0
 
     @property
@@ -113,9 +114,9 @@ class DecodeConfig:
         if self.big_t and (self.wgmma != 3 or self.big_t not in (16, 32) or self.big_t <= self.block_t):
             raise ValueError(f"DecodeConfig: big_t (the busy experts' token block) is 0, or 16 or 32 tokens over "
                              f"block_t on a ring tile (wgmma 3); got {self}")
-        if self.maxnreg and (self.wgmma or self.maxnreg % 8 or not 24 <= self.maxnreg <= 255):
+        if self.maxnreg and (self.wgmma or self.maxnreg % 8 or not 24 <= self.maxnreg <= 248):
             raise ValueError(f"DecodeConfig: maxnreg (a thread's register cap) is 0 (the compiler's choice), or a "
-                             f"multiple of 8 from 24 to 255 on the mma.sync tiles (wgmma 0) only; got {self}")
+                             f"multiple of 8 from 24 to 248 on the mma.sync tiles (wgmma 0) only; got {self}")
         if self.split_k not in (1, 2, 4, 8) or (self.split_k > 1 and self.wgmma):
             raise ValueError(f"DecodeConfig: split_k (K runs per tile, each its own CTA) is 1, 2, 4 or 8, and more "
                              f"than 1 on the mma.sync tiles (wgmma 0) only; got {self}")
@@ -323,10 +324,12 @@ DECODE_CANDIDATES: tuple[tuple[DecodeConfig, DecodeConfig], ...] = tuple(
         (8, (1, 128, 4, 1, 4), (1, 128, 4, 1, 4)), (8, (1, 256, 8, 0, 1), (2, 128, 4, 1, 4)),
         (8, (1, 128, 4, 1, 8), (1, 64, 4, 1, 8)), (16, (1, 128, 4, 0, 2), (1, 128, 4, 0, 2)),
         # activations prefetched too (prefetch 2), grids that fit on the SMs at once at one token (compiled for
-        # sm90 on a CPU host only: 64-66 registers at BK 128 x 8 warps, 128 for the 2 x 4-warp L2; not yet timed)
+        # sm90 on a CPU host only, Triton 3.6: 64-66 registers at BK 128 x 8 warps, 128 for the 2 x 4-warp L2; not yet
+        # timed)
         (8, (1, 128, 8, 2, 2), (2, 128, 4, 2, 2)), (8, (1, 128, 8, 2, 2), (1, 128, 8, 2, 2)),
         (8, (1, 256, 8, 0, 2), (2, 128, 4, 2, 2)))
-) + (  # L1 at BK 256 with prefetch 2 capped at 80 registers: 3 CTAs of 256 threads an SM instead of 2 (it spills 96 bytes)
+) + (  # L1 at BK 256 with prefetch 2 capped at 80 registers: 3 CTAs of 256 threads an SM instead of 2 (101 registers
+    # uncapped; capped it spills, 80 bytes of stack under Triton 3.6)
     (DecodeConfig(8, 1, 256, 8, 2, split_k=2, maxnreg=80), DecodeConfig(8, 2, 128, 4, 2, split_k=2)),
 )
 # Diagnostics for --sweep --diag (WRONG numbers, never selected): same loads and MMAs, no dequant.

@@ -99,8 +99,8 @@ def draft_prompt_logprobs_warning(engine, arch_name: str) -> str | None:
     cc = engine.compilation_config_json() or {}
     if str(cc.get("cudagraph_mode", "")).upper() in ("NONE", "FULL_DECODE_ONLY"):
         return None
-    sizes = cc.get("cudagraph_capture_sizes")
-    n = max(sizes) if isinstance(sizes, list) and sizes and all(isinstance(x, int) for x in sizes) else None
+    sizes = engine.capture_sizes()
+    n = max(sizes) if sizes else None
     upto = f"{n} tokens, the largest captured size" if n else "vLLM's largest CUDA-graph size"
     return (f"engine.speculative.method={engine.speculative.method}: with the draft and CUDA graphs, vLLM returns "
             f"wrong prompt_logprobs (scores of the prompt's own tokens) for prompt positions computed in a step of up "

@@ -134,7 +134,7 @@ class EngineConfig:
                 raise _bad("cudagraph_batches", "null when engine.compilation_config lists cudagraph_capture_sizes",
                            cb, "give the sizes once: engine.cudagraph_batches=null, or drop cudagraph_capture_sizes "
                                "from engine.compilation_config")
-            self._check_capture_sizes_for_draft(cc.get("cudagraph_capture_sizes"))
+            self._check_capture_sizes_for_draft()
         if not all(isinstance(a, str) for a in self.extra_args):
             raise _bad("extra_args", "a list of strings", self.extra_args, "quote each argument")
         self._check_api_key_settings()
@@ -151,13 +151,19 @@ class EngineConfig:
         q = self.tokens_per_step()
         return {**(cc or {}), "cudagraph_capture_sizes": sorted({b * q for b in self.cudagraph_batches})}
 
-    def _check_capture_sizes_for_draft(self, sizes) -> None:
+    def capture_sizes(self) -> list[int] | None:
+        """The CUDA-graph sizes in tokens this config gives vLLM (compilation_config's cudagraph_capture_sizes, or
+        cudagraph_batches x tokens a step) when they are a non-empty list of integers; None where vLLM picks them."""
+        sizes = (self.compilation_config_json() or {}).get("cudagraph_capture_sizes")
+        return sizes if isinstance(sizes, list) and sizes and all(isinstance(x, int) for x in sizes) else None
+
+    def _check_capture_sizes_for_draft(self) -> None:
         """With a draft, each decode step runs 1 + k tokens a sequence: vLLM 0.26 rounds the CUDA-graph sizes up to
         multiples of 1 + k and drops those past the largest (``CompilationConfig.adjust_cudagraph_sizes_for_spec_decode``),
-        so the list it captures is not the one given. Said, not refused: vLLM runs it. ``sizes``: compilation_config's
-        cudagraph_capture_sizes."""
+        so the list it captures is not the one given. Said, not refused: vLLM runs it."""
         q = self.tokens_per_step()
-        if q < 2 or not isinstance(sizes, list) or not sizes or not all(isinstance(x, int) for x in sizes):
+        sizes = self.capture_sizes()
+        if q < 2 or sizes is None:
             return
         if all(x % q == 0 for x in sizes):
             return

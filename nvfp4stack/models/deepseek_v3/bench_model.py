@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -93,9 +94,7 @@ def checkpoint_bytes(spec: EngineModelSpec, experts: str) -> int:
     scalars (``weight_scale_2``, ``input_scale``)."""
     total = 0
     for _, shape, role in tensor_shapes(spec):
-        n = 1
-        for d in shape:
-            n *= d
+        n = math.prod(shape)
         if role == "expert" and experts == "nvfp4":
             total += n // 2 + n // 16 + 8
         else:
@@ -110,19 +109,20 @@ def check_free_space(out: Path, experts: str, spec: EngineModelSpec) -> None:
     need += need // 50 + (64 << 20)   # safetensors headers, config and tokenizer files: a margin
     if out.exists():   # atomic_dir keeps the old copy until the new one is in place
         need += sum(f.stat().st_size for f in out.rglob("*") if f.is_file() and not f.is_symlink())
-    dense = spec.first_k_dense_replace
-    per_layer = (checkpoint_bytes(replace(spec, num_hidden_layers=dense + 1), experts)
-                 - checkpoint_bytes(replace(spec, num_hidden_layers=dense), experts))
     probe = out.parent
     while not probe.exists():
         probe = probe.parent
     free = shutil.disk_usage(probe).free
-    if free < need:
-        drop = " or leave bf16 out of bench.engine_settings" if experts == "bf16" else ""
-        raise ValueError(
-            f"the synthetic {experts} checkpoint of {spec.num_hidden_layers} layers needs {need / 1e9:.1f} GB at "
-            f"{out} ({per_layer / 1e9:.2f} GB a MoE layer, with a margin for headers), and {probe} has {free / 1e9:.1f} GB free; fix: fewer "
-            f"layers (bench.engine_model_layers, or --layers){drop}, or a cache_dir on a larger disk")
+    if free >= need:
+        return
+    dense = spec.first_k_dense_replace
+    per_layer = (checkpoint_bytes(replace(spec, num_hidden_layers=dense + 1), experts)
+                 - checkpoint_bytes(replace(spec, num_hidden_layers=dense), experts))
+    drop = " or leave bf16 out of bench.engine_settings" if experts == "bf16" else ""
+    raise ValueError(
+        f"the synthetic {experts} checkpoint of {spec.num_hidden_layers} layers needs {need / 1e9:.1f} GB at {out} "
+        f"(a margin for headers included; {per_layer / 1e9:.2f} GB a MoE layer), and {probe} has {free / 1e9:.1f} GB "
+        f"free; fix: fewer layers (bench.engine_model_layers, or --layers){drop}, or a cache_dir on a larger disk")
 
 
 def _random(shape, role, gen, device) -> torch.Tensor:

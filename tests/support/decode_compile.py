@@ -59,6 +59,7 @@ def pairs() -> dict:
     return {
         "one token (split 2, top-k sum in L2)": tuple(replace(c, split_k=2) for c in _DECODE_FEW),
         "few tokens": _DECODE_FEW,
+        "L2 at prefetch 1": (_DECODE_FEW[0], replace(_DECODE_FEW[1], prefetch=1)),
         "16-token pair": _DECODE_T16,
         "prefetch 2": (DecodeConfig(8, 1, 128, 8, 2, split_k=2), DecodeConfig(8, 2, 128, 4, 2, split_k=2)),
         "prefetch 2, capped": (DecodeConfig(8, 1, 256, 8, 2, split_k=2, maxnreg=80),

@@ -161,7 +161,7 @@ DECODE_MAX_ROWS_PER_EXPERT = 64
 # and the weights are dequantized twice. Measured on an H200 with the L2 flushed before every call
 # (bench/tools/decode_profile.py, Flash/Pro at 32/48/64 experts, uniform and Zipf):
 # - below 0.5 rows (a few tokens): L1 8 warps x 1 m-tile x BK=256, L2 2 m-tiles x BK=128 with register
-#   prefetch;
+#   prefetch of the weights and the activations;
 # - 0.5 to 5 rows: the wgmma kernels (_decode_wgmma.py), 16 tokens, one warpgroup x 64 rows, BK=128,
 #   weights, scales and token tiles through a 4-slot cp.async ring (3 K steps in flight), the scales
 #   four K steps at a time in 16-byte copies. With the expert bytes in tiles.py's layout (what
@@ -184,8 +184,11 @@ DECODE_MAX_ROWS_PER_EXPERT = 64
 #   223 vs 192 us), within 3% either way at 8 rows. Fallbacks: the 16-token
 #   mma.sync pair (L1 2 warps x 2 m-tiles x BK=128, L2 4 warps) to 16 rows, the 32-token mma.sync
 #   tile (2 m-tiles x BK=64) to 32, then the Triton tiles.
+# L2 loads the next K step's activations with its weight words (prefetch 2; was 1 until 2026-11-28): same bits,
+# 0.95-1.10x at 44 loads of 1-16 tokens (geomean 1.04x, 39 at >= 1.00x; bench/tools/decode_pick_ab.py, RESULTS.md
+# "Issue #35: the few-token pick against the ring")
 _DECODE_FEW = (DecodeConfig(block_t=8, mrep=1, block_k=256, num_warps=8, prefetch=0),
-               DecodeConfig(block_t=8, mrep=2, block_k=128, num_warps=4, prefetch=1))
+               DecodeConfig(block_t=8, mrep=2, block_k=128, num_warps=4, prefetch=2))
 _DECODE_T8 = (DecodeConfig(block_t=8, mrep=2, block_k=256, num_warps=4, prefetch=0),) * 2
 _DECODE_T16_RING = (DecodeConfig(block_t=16, mrep=1, block_k=128, num_warps=4, prefetch=3, wgmma=3),) * 2
 _DECODE_SPLIT_RING = (DecodeConfig(block_t=16, mrep=1, block_k=128, num_warps=4, prefetch=3, wgmma=3, big_t=32),) * 2

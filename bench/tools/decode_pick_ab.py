@@ -1,0 +1,100 @@
+"""Device script (not a pytest module): the decode heuristic's pick against named alternative pairs, interleaved,
+at a few tokens (1-16) where the 8-token mma.sync pair and the 16-token wgmma ring are close.
+
+For each shape, routing (uniform, Zipf-1.1) and token count, the pick (``fused_moe.nvfp4_moe_forward_triton`` with
+no override: ``pick_call``, split-K as ``fill_split`` chooses) and every alternative are timed in ``--rounds``
+rounds in turn (cold L2, CUDA-graph replay: nvfp4stack.bench.cold_l2), tiled weights as the backend prepares them on
+sm90. A line gives each pair's median, range and speed-up over the pick, and each alternative's relative
+difference to the pick's output (split-K and the ring sum in another order: about 1e-3, never more than 1e-2).
+Alternatives:
+  ring   the 16-token wgmma ring (tile_choice._DECODE_T16_RING), as the heuristic runs from 0.5 rows;
+  p1     the 8-token pair (_DECODE_FEW) with L2 at prefetch 1 (its activations loaded where they are used: the
+         pair until 2026-11-28), split as fill_split picks;
+  p2     the same pair with L2 at prefetch 2 (the next step's activations loaded with its weights: the pair since);
+  s2p2   the prefetch-2 pair split in 2 K runs, whatever fill_split would pick.
+
+Usage (repo root, GPU host): python3 bench/tools/decode_pick_ab.py [--rounds 3] [--runs full|tp2|all]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import replace
+
+import torch
+
+sys.path.insert(0, os.getcwd())
+
+RUNS = {
+    "full": [("flash", (4096, 2048), 256, (1, 2, 3, 4, 6, 8, 12, 16)), ("flash", (4096, 2048), 64, (1, 2, 3, 4)),
+             ("pro", (7168, 3072), 48, (1, 2, 3))],
+    "tp2": [("flash_tp2", (4096, 1024), 256, (1, 2, 4, 8)), ("pro_tp2", (7168, 1536), 48, (1, 2, 3))],
+}
+RUNS["all"] = RUNS["full"] + RUNS["tp2"]
+
+
+def alternatives(top_k: int, tokens: int, experts: int, hidden: int, inter: int, sms: int) -> dict:
+    """The named alternative (L1, L2) pairs of the module docstring for one load (those that fit the shape)."""
+    from nvfp4stack.kernels.moe.hopper_w4a16 import tile_choice as tc
+
+    l1, l2 = tc._DECODE_FEW
+    l2p2 = replace(l2, prefetch=2)
+    alts = {"ring": tc._DECODE_T16_RING,
+            "p1": tc.fill_split((l1, replace(l2, prefetch=1)), tokens * top_k, experts, hidden, inter, sms),
+            "p2": tc.fill_split((l1, l2p2), tokens * top_k, experts, hidden, inter, sms),
+            "s2p2": (replace(l1, split_k=2), replace(l2p2, split_k=2))}
+    return {n: p for n, p in alts.items() if all(c.fits(hidden, inter) for c in p)}
+
+
+def main() -> int:
+    from nvfp4stack.bench.cold_l2 import cold_time_us, flush_buffer
+    from nvfp4stack.bench.moe_few_tokens import routing
+    from nvfp4stack.bench.moe_kernel import random_nvfp4_experts
+    from nvfp4stack.kernels.moe.hopper_w4a16 import fused_moe as fm
+    from nvfp4stack.kernels.moe.hopper_w4a16 import tiles
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--runs", choices=sorted(RUNS), default="all")
+    a = p.parse_args()
+    if not torch.cuda.is_available():
+        print("decode_pick_ab: needs a CUDA GPU (sm90: the Gluon decode kernels); nothing run")
+        return 2
+    dev = torch.device("cuda")
+    flush = flush_buffer(dev)
+    sms = fm.sm_count(dev)
+    top_k = 6
+    print(torch.cuda.get_device_name(), torch.__version__, f"rounds {a.rounds}", flush=True)
+    for shape, (hidden, inter), experts, counts in RUNS[a.runs]:
+        g = torch.Generator(device=dev).manual_seed(0)
+        t13, t2 = tiles.tile_experts(random_nvfp4_experts(experts, 2 * inter, hidden, dev, g),
+                                     random_nvfp4_experts(experts, hidden, inter, dev, g))
+        for kind in ("uniform", "zipf"):
+            for t in counts:
+                ids = routing(t, experts, top_k, kind, g, dev)
+                wts = torch.softmax(torch.randn(t, top_k, device=dev, generator=g), -1)
+                x = torch.randn(t, hidden, device=dev, dtype=torch.bfloat16, generator=g)
+                pairs = {"pick": None, **alternatives(top_k, t, experts, hidden, inter, sms)}
+                runs = {n: (lambda c=c: fm.nvfp4_moe_forward_triton(x, t13, t2, wts, ids, swiglu_limit=10.0,
+                                                                      config=c, tiled=True)) for n, c in pairs.items()}
+                ref = runs["pick"]().float()
+                diff = {n: float((f().float() - ref).norm() / ref.norm()) for n, f in runs.items() if n != "pick"}
+                times = {n: [] for n in runs}
+                for _ in range(a.rounds):  # interleaved: pick, ring, ..., pick, ring, ...
+                    for n, f in runs.items():
+                        times[n].append(cold_time_us(f, flush))
+                med = {n: sorted(v)[len(v) // 2] for n, v in times.items()}
+                picked = fm.pick_call(fm.routed_rows_per_expert(t, top_k, experts), t * top_k, experts, hidden, inter,
+                                      fm.decode_available(dev), sms)
+                label = "ring" if picked[0].wgmma else f"pair s{picked[0].split_k}s{picked[1].split_k}"
+                cells = " | ".join(f"{n} {med[n]:6.1f} [{min(times[n]):.1f}-{max(times[n]):.1f}]"
+                                   + ("" if n == "pick" else f" {med['pick'] / med[n]:.2f}x d={diff[n]:.0e}")
+                                   for n in runs)
+                print(f"{shape}{experts} {kind:7s} T={t:2d} rows/exp={t * top_k / experts:.3f} pick={label} | {cells}",
+                      flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

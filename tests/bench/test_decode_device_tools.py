@@ -1,0 +1,45 @@
+"""bench/tools/decode_pick_ab.py and warmup_compile_time.py are GPU-host scripts; on a CPU host they say so and exit 2,
+and the pairs the A/B times are the ones its docstring names (the pick's own pair among them)."""
+import importlib.util
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _tool(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / "tools" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_ab_times_the_pick_against_the_old_pair_the_ring_and_a_forced_split():
+    from nvfp4stack.kernels.moe.hopper_w4a16.tile_choice import _DECODE_FEW, _DECODE_T16_RING, pick_call
+
+    alts = _tool("decode_pick_ab").alternatives(6, 1, 256, 4096, 2048, 132)
+    assert set(alts) == {"ring", "p1", "p2", "s2p2"}
+    pick = pick_call(6 / 256, 6, 256, 4096, 2048, True, 132)   # Flash one token, as the forward asks
+    assert alts["p2"] == pick and [c.split_k for c in pick] == [2, 2] and pick[1].prefetch == 2
+    assert alts["p1"] == (pick[0], replace(pick[1], prefetch=1))   # the pair until 2026-11-28
+    assert alts["ring"] == _DECODE_T16_RING
+    # two tokens: fill_split leaves the pair whole, s2p2 splits it anyway
+    two = _tool("decode_pick_ab").alternatives(6, 2, 256, 4096, 2048, 132)
+    assert [c.split_k for c in two["p2"]] == [1, 1] and [c.split_k for c in two["s2p2"]] == [2, 2]
+    assert two["p2"] == (_DECODE_FEW[0], replace(_DECODE_FEW[1], prefetch=2))
+
+
+@pytest.mark.parametrize("name", ["decode_pick_ab", "warmup_compile_time"])
+def test_on_a_cpu_host_the_tools_say_so_and_exit_2(name):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is here: the tool would run")
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "tools" / f"{name}.py")], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "needs a CUDA GPU" in r.stdout and "nothing run" in r.stdout

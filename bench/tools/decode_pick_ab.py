@@ -11,7 +11,10 @@ Alternatives:
   p1     the 8-token pair (_DECODE_FEW) with L2 at prefetch 1 (its activations loaded where they are used: the
          pair until 2026-11-28), split as fill_split picks;
   p2     the same pair with L2 at prefetch 2 (the next step's activations loaded with its weights: the pair since);
-  s2p2   the prefetch-2 pair split in 2 K runs, whatever fill_split would pick.
+  s2p2   the prefetch-2 pair split in 2 K runs, whatever fill_split would pick;
+  l1p1   the prefetch-2 pair with L1's next K step's weights prefetched too (L1 prefetch 1; more registers: fewer
+         programs an SM), split as fill_split picks;
+  l1p2   the same with L1 at prefetch 2 (its activations too).
 
 Usage (repo root, GPU host): python3 bench/tools/decode_pick_ab.py [--rounds 3] [--runs full|tp2|all]
 """
@@ -43,7 +46,9 @@ def alternatives(top_k: int, tokens: int, experts: int, hidden: int, inter: int,
     alts = {"ring": tc._DECODE_T16_RING,
             "p1": tc.fill_split((l1, replace(l2, prefetch=1)), tokens * top_k, experts, hidden, inter, sms),
             "p2": tc.fill_split((l1, l2p2), tokens * top_k, experts, hidden, inter, sms),
-            "s2p2": (replace(l1, split_k=2), replace(l2p2, split_k=2))}
+            "s2p2": (replace(l1, split_k=2), replace(l2p2, split_k=2)),
+            "l1p1": tc.fill_split((replace(l1, prefetch=1), l2p2), tokens * top_k, experts, hidden, inter, sms),
+            "l1p2": tc.fill_split((replace(l1, prefetch=2), l2p2), tokens * top_k, experts, hidden, inter, sms)}
     return {n: p for n, p in alts.items() if all(c.fits(hidden, inter) for c in p)}
 
 

@@ -26,7 +26,8 @@ class BenchConfig:
     engine_servers: str = "one_at_a_time"   # one_at_a_time (a start per round) | sequential (one start each, alone,
     # its rounds back to back) | together (one start each, all alive)
     engine_cold_caches: bool = False    # every server start with empty JIT/compile caches (a fresh machine's ready time)
-    engine_model: str = "synthetic"     # synthetic (Flash expert shapes, built once) | recipe (its checkpoint)
+    engine_model: str = "synthetic"     # synthetic (Flash expert shapes, built once) | drawn (the same, weights
+    # drawn at load: no disk) | recipe (its checkpoint)
     engine_model_layers: int = 8        # synthetic: 1 dense + 7 MoE layers
     engine_batches: list[int] = field(default_factory=lambda: [1, 8, 32, 128, 256])
     engine_input_len: int = 128         # decode requests' prompt tokens

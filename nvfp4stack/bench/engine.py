@@ -14,7 +14,9 @@ Settings (``bench.engine_settings``) change only what they name, on the same rec
 skipped on a model that sets ``swiglu_limit``, where vLLM refuses it), ``bf16`` (BF16 experts, vLLM's
 unquantized MoE), ``torch_emulation`` (ours on CPU). The model is ``bench.engine_model``:
 ``synthetic`` builds (once, cached) the model family's random benchmark model at flagship expert
-shapes (``ModelFamily.synthetic_checkpoint``); ``recipe`` serves the recipe's own checkpoint.
+shapes (``ModelFamily.synthetic_checkpoint``); ``drawn`` serves the same model with no checkpoint on disk,
+its weights drawn at load (``engine.load_format=synthetic``: any depth, BF16 experts included, where the
+disk would not hold them); ``recipe`` serves the recipe's own checkpoint.
 
 Every setting is measured in ``bench.engine_rounds`` rounds (bench/rounds.py: interleaved, every
 other round backwards). ``bench.engine_servers``: ``one_at_a_time`` starts a setting's server for
@@ -37,6 +39,7 @@ from pathlib import Path
 from nvfp4stack.bench.engine_measure import measure
 from nvfp4stack.bench.engine_table import BASELINES, READY, cells, host_bound_line, spread_lines, table
 from nvfp4stack.bench.rounds import schedule
+from nvfp4stack.engine.args import SYNTHETIC
 from nvfp4stack.io_atomic import atomic_write_text
 from nvfp4stack.plan.kv_cache import DEFAULT_GPU_UTIL  # vLLM's own default, split by servers=together
 from nvfp4stack.run_dir import versions
@@ -50,8 +53,11 @@ class Setting:
     experts: str = "nvfp4"     # which checkpoint variant it serves
     swiglu_clamp: bool = True  # the kernel applies a model's SwiGLU clamp (swiglu_limit)
 
-    def apply(self, cfg, ckpt: Path | None, run_dir: Path, port: int, gpu_memory_utilization: float | None = None):
-        """The recipe's typed config with this setting's keys changed (validated as on the CLI)."""
+    def apply(self, cfg, ckpt: Path | None, run_dir: Path, port: int, gpu_memory_utilization: float | None = None,
+              drawn: bool = False):
+        """The recipe's typed config with this setting's keys changed (validated as on the CLI); ``drawn``:
+        ``ckpt`` is the synthetic model's weight-free directory, its weights drawn at load in the format it
+        declares (model.source_format modelopt for NVFP4 experts, bf16 otherwise)."""
         r = dataclasses.replace
         precision = cfg.precision
         backend = r(cfg.backend, moe_fp8_prefill=self.fp8_prefill, **({"moe": self.moe} if self.moe else {}))
@@ -59,6 +65,9 @@ class Setting:
             precision = r(precision, routed_experts="bf16")
         model = r(cfg.model, path=str(ckpt)) if ckpt is not None else cfg.model
         engine = r(cfg.engine, port=port, dry_run=False)
+        if drawn:
+            model = r(model, source_format="modelopt" if self.experts == "nvfp4" else "bf16")
+            engine = r(engine, load_format=SYNTHETIC)
         if gpu_memory_utilization is not None:
             engine = r(engine, gpu_memory_utilization=gpu_memory_utilization)
         return r(cfg, model=model, precision=precision, backend=backend, run_dir=str(run_dir), engine=engine)
@@ -103,7 +112,7 @@ def servable(cfg, settings: list[Setting], ckpts: dict[str, Path]) -> list[Setti
     out = []
     for s in settings:
         if not s.swiglu_clamp:
-            scfg = s.apply(cfg, ckpts.get(s.experts), Path(cfg.run_dir), cfg.engine.port)
+            scfg = s.apply(cfg, ckpts.get(s.experts), Path(cfg.run_dir), cfg.engine.port, drawn=drawn(cfg))
             path = config_json_path(scfg.model, scfg.cache_dir)
             why = s.clamp_refusal(load_config_json(path), str(path))
             if why:
@@ -116,9 +125,15 @@ def servable(cfg, settings: list[Setting], ckpts: dict[str, Path]) -> list[Setti
     return out
 
 
+def drawn(cfg) -> bool:
+    """bench.engine_model=drawn: the synthetic model's weights drawn at load, no checkpoint files."""
+    return cfg.bench.engine_model == "drawn"
+
+
 def synthetic_checkpoints(cfg, experts: set[str]) -> dict[str, Path]:
     """The synthetic benchmark model, one directory per expert format, built once under cache_dir by
-    the recipe's model family (or, when it has none, the first family that builds one)."""
+    the recipe's model family (or, when it has none, the first family that builds one); weight-free
+    directories under bench.engine_model=drawn."""
     from nvfp4stack.families.registry import families, get_family
 
     b = cfg.bench
@@ -126,7 +141,7 @@ def synthetic_checkpoints(cfg, experts: set[str]) -> dict[str, Path]:
     max_position = max(4096, b.engine_prefill_len + b.engine_output_len)
     own = get_family(cfg.model.family)
     for family in [own, *(f for f in families() if f is not own)]:
-        out = {fmt: family.synthetic_checkpoint(root, fmt, b.engine_model_layers, max_position)
+        out = {fmt: family.synthetic_checkpoint(root, fmt, b.engine_model_layers, max_position, drawn=drawn(cfg))
                for fmt in sorted(experts)}
         if all(d is not None for d in out.values()):
             return out
@@ -247,7 +262,7 @@ class Bench:
         """The setting's typed config for a server start whose run dir (and, with cold caches, caches) is
         ``where``."""
         return self.cold(s.apply(self.cfg, self.ckpts.get(s.experts), where, self.port(s),
-                                 gpu_memory_utilization=gpu_memory_utilization), where)
+                                 gpu_memory_utilization=gpu_memory_utilization, drawn=drawn(self.cfg)), where)
 
     def cold(self, scfg, start_dir: Path):
         """``scfg`` with empty JIT/compile caches of its own under ``start_dir`` (bench.engine_cold_caches),
@@ -330,9 +345,10 @@ def run(cfg) -> int:
     settings = check_settings(list(b.engine_settings))
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    if b.engine_model not in ("synthetic", "recipe"):
-        raise ValueError(f"bench.engine_model: expected synthetic or recipe, found {b.engine_model!r}")
-    ckpts = synthetic_checkpoints(cfg, {s.experts for s in settings}) if b.engine_model == "synthetic" else {}
+    if b.engine_model not in ("synthetic", "drawn", "recipe"):
+        raise ValueError(f"bench.engine_model: expected synthetic, drawn or recipe, found {b.engine_model!r}; "
+                         "fix: bench.engine_model=synthetic")
+    ckpts = synthetic_checkpoints(cfg, {s.experts for s in settings}) if b.engine_model != "recipe" else {}
     settings = servable(cfg, settings, ckpts)
     # a round's numbers do not depend on how many rounds there are: a run with more rounds reuses them
     keys = {k: getattr(b, k) for k in vars(b) if k.startswith("engine_") and k not in ("engine_settings", "engine_rounds")}

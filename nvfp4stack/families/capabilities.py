@@ -191,12 +191,15 @@ class SupportsSynthetic(FamilyIdentity):
 
     ``synthetic_weights(config, seed, device)``  the checkpoint's tensors drawn per name, no files
                            (``engine.load_format=synthetic``).
-    ``synthetic_checkpoint(root, experts, num_layers, max_position)``  a large random checkpoint for
-                           engine benchmarks (bench.engine_model=synthetic).
+    ``synthetic_checkpoint(root, experts, num_layers, max_position, drawn)``  a large random checkpoint for
+                           engine benchmarks (bench.engine_model=synthetic), or its weight-free directory
+                           (drawn, bench.engine_model=drawn).
     """
 
-    def synthetic_checkpoint(self, root: Path, experts: str, num_layers: int, max_position: int) -> Path | None:
-        """A large random checkpoint for engine benchmarks, built once under ``root``; None: none."""
+    def synthetic_checkpoint(self, root: Path, experts: str, num_layers: int, max_position: int,
+                             drawn: bool = False) -> Path | None:
+        """A large random checkpoint for engine benchmarks, built once under ``root``; None: none. ``drawn``: its
+        config.json and tokenizer only, for ``synthetic_weights`` to draw the tensors at load."""
         return None
 
     def synthetic_weights(self, config: dict, seed: int, device, draft: bool = False):

@@ -46,9 +46,16 @@ def groups_from_checkpoint(ckpt: Path, num_hidden_layers: int | None,
                            family: SupportsRoles | None = None) -> Iterator[tuple[TensorGroup, Scheme]]:
     """Tensor groups of a real checkpoint, with the format each is stored in; roles by ``family``'s
     names (None: by the first family that knows a name)."""
+    return groups_from_headers(checkpoint_tensors(ckpt), num_hidden_layers, family)
+
+
+def groups_from_headers(tensors: dict[str, dict], num_hidden_layers: int | None,
+                        family: SupportsRoles | None = None) -> Iterator[tuple[TensorGroup, Scheme]]:
+    """``groups_from_checkpoint`` on header entries (name -> {'dtype': safetensors dtype, 'shape'}) that a
+    checkpoint would hold: a family that knows its tensors from config.json alone plans through here."""
     non_matrix = non_matrix_roles(family)
     by_group: dict[str, dict[str, dict]] = {}
-    for name, info in checkpoint_tensors(ckpt).items():
+    for name, info in tensors.items():
         g, suf = group_name(name)
         by_group.setdefault(g, {})[suf or "weight"] = info
     for g, sufs in sorted(by_group.items()):

@@ -34,6 +34,33 @@ def test_settings_change_only_their_keys(tmp_path):
     assert marlin.backend.moe == "marlin" and not marlin.backend.moe_fp8_prefill
 
 
+def test_drawn_settings_serve_the_weight_free_model_in_the_format_each_declares(tmp_path):
+    """bench.engine_model=drawn: per expert format a directory with config.json and a tokenizer and no weights, and
+    each setting's server loads it with engine.load_format=synthetic (the weights drawn at load), the NVFP4 one as
+    a modelopt export, the BF16 one as BF16; the other keys as from files."""
+    from nvfp4stack.bench import engine
+    from nvfp4stack.cli import compose_config
+
+    cfg = compose_config("recipe=tiny_v3_h200", "bench=engine", "bench.engine_model=drawn", "bench.engine_model_layers=3",
+                         f"cache_dir={tmp_path / 'cache'}", f"run_dir={tmp_path / 'run'}")
+    ckpts = engine.synthetic_checkpoints(cfg, {"nvfp4", "bf16"})
+    for fmt, d in ckpts.items():
+        assert d.name.endswith("-drawn") and (d / "config.json").exists() and (d / "tokenizer.json").exists()
+        assert not list(d.glob("*.safetensors"))
+        assert json.loads((d / "config.json").read_text())["num_hidden_layers"] == 3
+    ours = SETTINGS["triton_w4a16"].apply(cfg, ckpts["nvfp4"], tmp_path / "run", 8123, drawn=engine.drawn(cfg))
+    bf16 = SETTINGS["bf16"].apply(cfg, ckpts["bf16"], tmp_path / "run", 8124, drawn=engine.drawn(cfg))
+    assert (ours.engine.load_format, ours.model.source_format, ours.model.path) == ("synthetic", "modelopt",
+                                                                                   str(ckpts["nvfp4"]))
+    assert (bf16.engine.load_format, bf16.model.source_format, bf16.precision.routed_experts) == ("synthetic", "bf16",
+                                                                                                 "bf16")
+    files = SETTINGS["triton_w4a16"].apply(cfg, ckpts["nvfp4"], tmp_path / "run", 8123)
+    assert files.engine.load_format == cfg.engine.load_format and files.model.source_format == cfg.model.source_format
+    bad = compose_config("recipe=tiny_v3_h200", "bench=engine", "bench.engine_model=disk", f"run_dir={tmp_path / 'r2'}")
+    with pytest.raises(ValueError, match="bench.engine_model: expected synthetic, drawn or recipe, found 'disk'"):
+        engine.run(bad)
+
+
 def test_table_speedups_are_ours_over_baseline_for_throughput_and_inverse_for_latency():
     results = {"triton_w4a16": {"decode b=8 tok/s": [3000.0, 2990.0, 3010.0], "decode b=8 TPOT ms": [2.0, 2.0, 2.0]},
                "marlin": {"decode b=8 tok/s": [2000.0, 2010.0, 1990.0], "decode b=8 TPOT ms": [3.0, 3.1, 2.9]},

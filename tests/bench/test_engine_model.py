@@ -96,3 +96,63 @@ def test_free_space_counts_a_margin_and_the_copy_being_replaced(tmp_path, monkey
     with pytest.raises(ValueError, match="synthetic nvfp4 checkpoint"):   # the old copy stays until the rename
         build(out, "nvfp4", SMALL, device="cpu")
     assert (out / "config.json").exists()
+
+
+@pytest.mark.parametrize("experts", ["nvfp4", "bf16"])
+def test_the_drawn_model_is_the_built_checkpoint_without_the_files(tmp_path, experts):
+    """bench.engine_model=drawn: the weight-free directory's config.json gives, with no file read, the headers
+    (names, dtypes, shapes), the tensor groups, the tensors (engine.load_format=synthetic's stream, same seed and
+    device) and the engine plan of the checkpoint ``build`` writes."""
+    from safetensors.torch import load_file
+
+    from nvfp4stack.cli import compose_config
+    from nvfp4stack.engine.args import server_argv
+    from nvfp4stack.engine.plan_section import engine_plan_for
+    from nvfp4stack.families.registry import get_family
+    from nvfp4stack.models.deepseek_v3.bench_model import headers, synthetic_weights, write_model_files
+    from nvfp4stack.plan.groups import checkpoint_tensors, groups_from_checkpoint
+
+    disk = build(tmp_path / experts, experts, SMALL, device="cpu")
+    bare = tmp_path / f"{experts}-drawn"
+    bare.mkdir()
+    write_model_files(bare, SMALL, experts, None)
+    assert sorted(p.name for p in bare.iterdir()) == sorted(p.name for p in disk.iterdir() if p.suffix != ".safetensors"
+                                                            and not p.name.endswith(".index.json"))
+    config = json.loads((bare / "config.json").read_text())
+    assert config == json.loads((disk / "config.json").read_text())
+    on_disk = checkpoint_tensors(disk)
+    assert headers(SMALL, experts) == {n: {"dtype": i["dtype"], "shape": i["shape"]} for n, i in on_disk.items()}
+    family = get_family("deepseek_v3")
+    assert family.tensor_groups(config) == [g for g, _ in groups_from_checkpoint(disk, SMALL.num_hidden_layers, family)]
+    files = {}
+    for shard in disk.glob("*.safetensors"):
+        files |= load_file(str(shard))
+    drawn = dict(synthetic_weights(config, 0, "cpu"))
+    assert drawn.keys() == files.keys() and all(torch.equal(drawn[k], files[k]) for k in files)
+    prec = ["precision.routed_experts=bf16"] if experts == "bf16" else []
+    common = ("recipe=tiny_v3_h200", f"cache_dir={tmp_path / 'cache'}", "run_dir=/tmp/unused", *prec)
+    from_files = compose_config(*common, f"model.path={disk}")
+    from_bare = compose_config(*common, f"model.path={bare}", "engine.load_format=synthetic",
+                               f"model.source_format={'modelopt' if experts == 'nvfp4' else 'bf16'}")
+    plan = engine_plan_for(from_bare)
+    assert plan == engine_plan_for(from_files)
+    argv = server_argv(from_bare.engine, model=str(bare), served_name="x", plan=plan)
+    assert argv[argv.index("--load-format") + 1] == "synthetic"
+
+
+def test_configs_the_spec_does_not_list_plan_from_files_and_draw_nothing(tmp_path):
+    from nvfp4stack.families.registry import get_family
+    from nvfp4stack.models.deepseek_v3.bench_model import experts_of, hf_config, synthetic_weights
+
+    family = get_family("deepseek_v3")
+    config = hf_config(SMALL)
+    assert family.tensor_groups(config) is not None
+    for bad in ({"num_nextn_predict_layers": 1}, {"q_lora_rank": None}):
+        assert family.tensor_groups({**config, **bad}) is None   # plan_groups then asks for the checkpoint
+        with pytest.raises(ValueError, match="not the synthetic benchmark model's.*fix: serve it from its checkpoint"):
+            synthetic_weights({**config, **bad}, 0, "cpu")
+    fp8 = {**config, "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}
+    with pytest.raises(ValueError, match=r"c\.json: quantization_config 'fp8'/None.*BF16 experts.*modelopt NVFP4"):
+        experts_of(fp8, "c.json")
+    with pytest.raises(ValueError, match="no MTP layers.*fix: engine.speculative unset"):
+        family.synthetic_weights(config, 0, "cpu", draft=True)

@@ -11,7 +11,7 @@ import argparse
 import json
 import math
 import shutil
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import torch
@@ -102,6 +102,44 @@ def checkpoint_bytes(spec: EngineModelSpec, experts: str) -> int:
     return total
 
 
+def headers(spec: EngineModelSpec, experts: str) -> dict[str, dict]:
+    """name -> {'dtype', 'shape'} of every tensor ``build`` writes (safetensors dtypes): what a plan reads from a
+    checkpoint's headers, known here from the spec alone."""
+    out: dict[str, dict] = {}
+    for name, shape, role in tensor_shapes(spec):
+        if role == "expert" and experts == "nvfp4":
+            n, k = shape
+            base = name[: -len(".weight")]
+            out |= {f"{base}.weight": {"dtype": "U8", "shape": (n, k // 2)},
+                    f"{base}.weight_scale": {"dtype": "F8_E4M3", "shape": (n, k // 16)},
+                    f"{base}.weight_scale_2": {"dtype": "F32", "shape": ()},
+                    f"{base}.input_scale": {"dtype": "F32", "shape": ()}}
+        else:
+            out[name] = {"dtype": "F32" if role == "bias" else "BF16", "shape": tuple(shape)}
+    return out
+
+
+def spec_from_config(hf: dict) -> EngineModelSpec | None:
+    """The spec of a DeepseekV3 config.json whose tensors this module lists (every EngineModelSpec key set, a
+    q_lora_rank, no MTP layers), else None."""
+    keys = [f.name for f in fields(EngineModelSpec)]
+    if any(hf.get(k) is None for k in keys) or int(hf.get("num_nextn_predict_layers") or 0):
+        return None
+    return EngineModelSpec(**{k: hf[k] for k in keys})
+
+
+def experts_of(hf: dict, where: str = "config.json") -> str:
+    """nvfp4 (a modelopt NVFP4 quantization_config, as ``build`` writes it) or bf16 (none)."""
+    q = hf.get("quantization_config")
+    if not q:
+        return "bf16"
+    if q.get("quant_method") == "modelopt" and q.get("quant_algo") == "NVFP4":
+        return "nvfp4"
+    raise ValueError(f"{where}: quantization_config {q.get('quant_method')!r}/{q.get('quant_algo')!r}: the synthetic "
+                     "benchmark model is drawn with BF16 experts (no quantization_config) or modelopt NVFP4 ones; "
+                     "fix: serve a checkpoint from files (engine.load_format unset)")
+
+
 def check_free_space(out: Path, experts: str, spec: EngineModelSpec) -> None:
     """Refuse a build that cannot fit on ``out``'s file system before it writes anything (it would fill the
     disk and fail part way)."""
@@ -134,6 +172,61 @@ def _random(shape, role, gen, device) -> torch.Tensor:
     return (torch.randn(shape, generator=gen, device=device) / fan_in ** 0.5).to(torch.bfloat16)
 
 
+def stream(spec: EngineModelSpec, experts: str, device, seed: int = 0):
+    """(name, tensor) of every tensor of the checkpoint, drawn on ``device`` in ``tensor_shapes`` order from one
+    generator seeded ``seed``: what ``build`` writes, and what the synthetic load format hands vLLM."""
+    if experts not in ("nvfp4", "bf16"):
+        raise ValueError(f"experts: expected nvfp4 or bf16, found {experts!r}")
+    gen = torch.Generator(device=device).manual_seed(seed)
+    act_scale = torch.tensor(8.0 / GLOBAL_DIVISOR, device=device)   # weight-only serving never reads it
+    pending = {}
+    for name, shape, role in tensor_shapes(spec):
+        t = _random(shape, role, gen, device)
+        if role != "expert" or experts == "bf16":
+            yield name, t
+            continue
+        prefix, proj = name.rsplit(".", 2)[0], name.rsplit(".", 2)[1]
+        if proj == "gate_proj":
+            pending[prefix] = t
+            continue
+        if proj == "up_proj":  # w1/w3 under one global scale (vLLM fuses them), as modelopt exports
+            gate = pending.pop(prefix)
+            gs = torch.maximum(gate.float().abs().amax(), t.float().abs().amax()) / GLOBAL_DIVISOR
+            pairs = (("gate_proj", gate), ("up_proj", t))
+        else:
+            gs, pairs = None, (("down_proj", t),)
+        for pname, w in pairs:
+            q = quantize_nvfp4(w, gs, name=f"{prefix}.{pname}")
+            base = f"{prefix}.{pname}"
+            yield f"{base}.weight", q.data
+            yield f"{base}.weight_scale", q.scale
+            yield f"{base}.weight_scale_2", q.global_scale.float().reshape(())
+            yield f"{base}.input_scale", act_scale
+
+
+def write_model_files(out: Path, spec: EngineModelSpec, experts: str, tokenizer: str | Path | None) -> None:
+    """config.json (with modelopt's quantization config for NVFP4 experts) and the tokenizer files into ``out``."""
+    cfg = hf_config(spec)
+    if experts == "nvfp4":
+        ignore = ["lm_head", "model.embed_tokens", "model.layers.0*"] + [
+            f"model.layers.{i}.{m}" for i in range(spec.first_k_dense_replace, spec.num_hidden_layers)
+            for m in ("mlp.gate", "mlp.shared_experts*", "self_attn*")]
+        quant = {"quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": 16, "exclude_modules": ignore}
+        (out / "hf_quant_config.json").write_text(json.dumps({"producer": {"name": "modelopt", "version": "0.47.0"},
+                                                              "quantization": quant}, indent=1))
+        cfg["quantization_config"] = {"quant_method": "modelopt", "quant_algo": "NVFP4", "ignore": ignore,
+                                      "config_groups": {"group_0": {
+                                          "targets": ["Linear"],
+                                          "weights": {"dynamic": False, "group_size": 16, "num_bits": 4, "type": "float"},
+                                          "input_activations": {"dynamic": False, "group_size": 16, "num_bits": 4,
+                                                                "type": "float"}}}}
+    (out / "config.json").write_text(json.dumps(cfg, indent=1))
+    if tokenizer:
+        for f in Path(tokenizer).iterdir():
+            if f.name.startswith(("tokenizer", "special_tokens", "chat_template", "generation_config")):
+                shutil.copy2(f, out / f.name)
+
+
 def build(out: str | Path, experts: str = "nvfp4", spec: EngineModelSpec = EngineModelSpec(),
           tokenizer: str | Path | None = None, device: str | None = None, seed: int = 0) -> Path:
     """Write the checkpoint into ``out`` (atomically); returns it."""
@@ -143,72 +236,47 @@ def build(out: str | Path, experts: str = "nvfp4", spec: EngineModelSpec = Engin
     if experts not in ("nvfp4", "bf16"):
         raise ValueError(f"experts: expected nvfp4 or bf16, found {experts!r}")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    gen = torch.Generator(device=device).manual_seed(seed)
-    act_scale = torch.tensor(8.0 / GLOBAL_DIVISOR)   # weight-only serving never reads it
-
-    def tensors():
-        pending = {}
-        for name, shape, role in tensor_shapes(spec):
-            t = _random(shape, role, gen, device)
-            if role != "expert" or experts == "bf16":
-                yield name, t.cpu()
-                continue
-            prefix, proj = name.rsplit(".", 2)[0], name.rsplit(".", 2)[1]
-            if proj == "gate_proj":
-                pending[prefix] = t
-                continue
-            if proj == "up_proj":  # w1/w3 under one global scale (vLLM fuses them), as modelopt exports
-                gate = pending.pop(prefix)
-                gs = torch.maximum(gate.float().abs().amax(), t.float().abs().amax()) / GLOBAL_DIVISOR
-                pairs = (("gate_proj", gate), ("up_proj", t))
-            else:
-                gs, pairs = None, (("down_proj", t),)
-            for pname, w in pairs:
-                q = quantize_nvfp4(w, gs, name=f"{prefix}.{pname}")
-                base = f"{prefix}.{pname}"
-                yield f"{base}.weight", q.data.cpu()
-                yield f"{base}.weight_scale", q.scale.cpu()
-                yield f"{base}.weight_scale_2", q.global_scale.float().reshape(()).cpu()
-                yield f"{base}.input_scale", act_scale
-
     out = Path(out)
     check_free_space(out, experts, spec)
     with atomic_dir(out) as tmp:
-        save_sharded(tensors(), tmp, max_shard_bytes=2 << 30)
-        cfg = hf_config(spec)
-        if experts == "nvfp4":
-            ignore = ["lm_head", "model.embed_tokens", "model.layers.0*"] + [
-                f"model.layers.{i}.{m}" for i in range(spec.first_k_dense_replace, spec.num_hidden_layers)
-                for m in ("mlp.gate", "mlp.shared_experts*", "self_attn*")]
-            quant = {"quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": 16, "exclude_modules": ignore}
-            (tmp / "hf_quant_config.json").write_text(json.dumps({"producer": {"name": "modelopt", "version": "0.47.0"},
-                                                                   "quantization": quant}, indent=1))
-            cfg["quantization_config"] = {"quant_method": "modelopt", "quant_algo": "NVFP4", "ignore": ignore,
-                                          "config_groups": {"group_0": {
-                                              "targets": ["Linear"],
-                                              "weights": {"dynamic": False, "group_size": 16, "num_bits": 4, "type": "float"},
-                                              "input_activations": {"dynamic": False, "group_size": 16, "num_bits": 4,
-                                                                    "type": "float"}}}}
-        (tmp / "config.json").write_text(json.dumps(cfg, indent=1))
-        if tokenizer:
-            for f in Path(tokenizer).iterdir():
-                if f.name.startswith(("tokenizer", "special_tokens", "chat_template", "generation_config")):
-                    shutil.copy2(f, tmp / f.name)
+        save_sharded(((n, t.cpu()) for n, t in stream(spec, experts, device, seed)), tmp, max_shard_bytes=2 << 30)
+        write_model_files(tmp, spec, experts, tokenizer)
     return out
 
 
-def synthetic_checkpoint(root: Path, experts: str, num_layers: int, max_position: int) -> Path:
-    """The synthetic model with ``experts`` (nvfp4 or bf16) routed experts under ``root`` (built once)."""
+def synthetic_weights(config: dict, seed: int, device):
+    """``stream`` for a config.json ``write_model_files`` wrote (engine.load_format=synthetic): the checkpoint's
+    tensors drawn on ``device``, no files."""
+    spec = spec_from_config(config)
+    if spec is None:
+        raise ValueError("engine.load_format=synthetic: this DeepseekV3 config.json is not the synthetic benchmark "
+                         "model's (a key of EngineModelSpec unset, no q_lora_rank, or MTP layers); fix: serve it from "
+                         "its checkpoint files (engine.load_format unset)")
+    return stream(spec, experts_of(config), device, seed)
+
+
+def synthetic_checkpoint(root: Path, experts: str, num_layers: int, max_position: int, drawn: bool = False) -> Path:
+    """The synthetic model with ``experts`` (nvfp4 or bf16) routed experts under ``root`` (built once); ``drawn``:
+    its config.json and tokenizer only, the weights drawn at load (engine.load_format=synthetic: no disk, any
+    depth)."""
+    from nvfp4stack.io_atomic import atomic_dir
     from nvfp4stack.models.tokenizer import train_tokenizer
 
+    if experts not in ("nvfp4", "bf16"):
+        raise ValueError(f"experts: expected nvfp4 or bf16, found {experts!r}")
     spec = EngineModelSpec(num_hidden_layers=num_layers, max_position_embeddings=max_position)
     tok = root / f"tokenizer-{spec.vocab_size}"
     if not (tok / "tokenizer.json").exists():
         train_tokenizer(tok, spec.vocab_size)
-    d = root / f"{experts}-L{spec.num_hidden_layers}-h{spec.hidden_size}-e{spec.n_routed_experts}x{spec.moe_intermediate_size}"
+    d = root / (f"{experts}-L{spec.num_hidden_layers}-h{spec.hidden_size}-e{spec.n_routed_experts}x"
+                f"{spec.moe_intermediate_size}" + ("-drawn" if drawn else ""))
     if not (d / "config.json").exists():
-        print(f"[bench engine] building the synthetic {experts} checkpoint -> {d}", flush=True)
-        build(d, experts, spec, tokenizer=tok)
+        if drawn:
+            with atomic_dir(d) as tmp:
+                write_model_files(tmp, spec, experts, tok)
+        else:
+            print(f"[bench engine] building the synthetic {experts} checkpoint -> {d}", flush=True)
+            build(d, experts, spec, tokenizer=tok)
     return d
 
 

@@ -95,7 +95,27 @@ class DeepseekV3Family(ModelFamily):
 
         return reference_model(bf16_dir, served_dir, w4a4=False)
 
-    def synthetic_checkpoint(self, root: Path, experts: str, num_layers: int, max_position: int) -> Path:
+    def synthetic_checkpoint(self, root: Path, experts: str, num_layers: int, max_position: int,
+                             drawn: bool = False) -> Path:
         from nvfp4stack.models.deepseek_v3.bench_model import synthetic_checkpoint
 
-        return synthetic_checkpoint(root, experts, num_layers, max_position)
+        return synthetic_checkpoint(root, experts, num_layers, max_position, drawn)
+
+    def synthetic_weights(self, config: dict, seed: int, device, draft: bool = False):
+        if draft:
+            raise ValueError("engine.load_format=synthetic: the synthetic DeepseekV3 benchmark model has no MTP "
+                             "layers to draw a speculative draft from; fix: engine.speculative unset")
+        from nvfp4stack.models.deepseek_v3.bench_model import synthetic_weights
+
+        return synthetic_weights(config, seed, device)
+
+    def tensor_groups(self, hf: dict):
+        # the synthetic benchmark model's config.json (its weights drawn at load): its tensors are known from the
+        # spec; other DeepseekV3 configs plan from their checkpoint's headers
+        from nvfp4stack.models.deepseek_v3.bench_model import headers, spec_from_config
+        from nvfp4stack.plan.groups import groups_from_headers
+
+        spec = spec_from_config(hf)
+        if spec is None:
+            return None
+        return [g for g, _ in groups_from_headers(headers(spec, "bf16"), spec.num_hidden_layers, self)]

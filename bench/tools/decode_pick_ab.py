@@ -54,10 +54,9 @@ def alternatives(top_k: int, tokens: int, experts: int, hidden: int, inter: int,
 
 def main() -> int:
     from nvfp4stack.bench.cold_l2 import cold_time_us, flush_buffer
-    from nvfp4stack.bench.moe_few_tokens import routing
-    from nvfp4stack.bench.moe_kernel import random_nvfp4_experts
+    from nvfp4stack.bench.moe_few_tokens import call_inputs
+    from nvfp4stack.bench.moe_kernel import random_tiled_experts
     from nvfp4stack.kernels.moe.hopper_w4a16 import fused_moe as fm
-    from nvfp4stack.kernels.moe.hopper_w4a16 import tiles
 
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=3)
@@ -73,13 +72,10 @@ def main() -> int:
     print(torch.cuda.get_device_name(), torch.__version__, f"rounds {a.rounds}", flush=True)
     for shape, (hidden, inter), experts, counts in RUNS[a.runs]:
         g = torch.Generator(device=dev).manual_seed(0)
-        t13, t2 = tiles.tile_experts(random_nvfp4_experts(experts, 2 * inter, hidden, dev, g),
-                                     random_nvfp4_experts(experts, hidden, inter, dev, g))
+        t13, t2 = random_tiled_experts(experts, hidden, inter, dev, g)
         for kind in ("uniform", "zipf"):
             for t in counts:
-                ids = routing(t, experts, top_k, kind, g, dev)
-                wts = torch.softmax(torch.randn(t, top_k, device=dev, generator=g), -1)
-                x = torch.randn(t, hidden, device=dev, dtype=torch.bfloat16, generator=g)
+                ids, wts, x = call_inputs(t, experts, top_k, hidden, kind, g, dev)
                 pairs = {"pick": None, **alternatives(top_k, t, experts, hidden, inter, sms)}
                 runs = {n: (lambda c=c: fm.nvfp4_moe_forward_triton(x, t13, t2, wts, ids, swiglu_limit=10.0,
                                                                       config=c, tiled=True)) for n, c in pairs.items()}

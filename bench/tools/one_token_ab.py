@@ -31,9 +31,8 @@ HBM_TBS = 4.8
 
 def main() -> int:
     from nvfp4stack.bench.cold_l2 import cold_time_us, flush_buffer
-    from nvfp4stack.bench.moe_kernel import random_nvfp4_experts
+    from nvfp4stack.bench.moe_kernel import random_tiled_experts
     from nvfp4stack.kernels.moe.hopper_w4a16 import fused_moe as fm
-    from nvfp4stack.kernels.moe.hopper_w4a16 import tiles
 
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=5)
@@ -53,8 +52,7 @@ def main() -> int:
     print(torch.cuda.get_device_name(), torch.__version__, f"rounds {a.rounds}, {flag} on against off")
     for shape, (hidden, inter), experts in SHAPES:
         g = torch.Generator(device=dev).manual_seed(0)
-        t13, t2 = tiles.tile_experts(random_nvfp4_experts(experts, 2 * inter, hidden, dev, g),
-                                     random_nvfp4_experts(experts, hidden, inter, dev, g))
+        t13, t2 = random_tiled_experts(experts, hidden, inter, dev, g)
         expert_bytes = 3 * hidden * inter * (0.5 + 1 / 16)  # w13 and w2 codes, one e4m3 scale per 16
         for tokens, kind in ((t, k) for t in counts for k in ("uniform", "ep")):
             ids = torch.stack([torch.randperm(experts, device=dev, generator=g)[:6] for _ in range(tokens)])

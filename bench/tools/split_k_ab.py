@@ -28,10 +28,9 @@ RUNS = {
 
 def main() -> int:
     from nvfp4stack.bench.cold_l2 import cold_time_us, flush_buffer
-    from nvfp4stack.bench.moe_few_tokens import routing
-    from nvfp4stack.bench.moe_kernel import random_nvfp4_experts
+    from nvfp4stack.bench.moe_few_tokens import call_inputs
+    from nvfp4stack.bench.moe_kernel import random_tiled_experts
     from nvfp4stack.kernels.moe.hopper_w4a16 import fused_moe as fm
-    from nvfp4stack.kernels.moe.hopper_w4a16 import tiles
     from nvfp4stack.kernels.moe.hopper_w4a16.tile_choice import _DECODE_FEW
     from nvfp4stack.kernels.moe.hopper_w4a16.tile_choice import DecodeConfig as D
 
@@ -50,13 +49,10 @@ def main() -> int:
     print(torch.cuda.get_device_name(), torch.__version__)
     for shape, (hidden, inter), experts, tokens in RUNS[a.runs]:
         g = torch.Generator(device=dev).manual_seed(0)
-        t13, t2 = tiles.tile_experts(random_nvfp4_experts(experts, 2 * inter, hidden, dev, g),
-                                     random_nvfp4_experts(experts, hidden, inter, dev, g))
+        t13, t2 = random_tiled_experts(experts, hidden, inter, dev, g)
         for kind in ("uniform", "zipf"):
             for t in tokens:
-                ids = routing(t, experts, 6, kind, g, dev)
-                wts = torch.softmax(torch.randn(t, 6, device=dev, generator=g), -1)
-                x = torch.randn(t, hidden, device=dev, dtype=torch.bfloat16, generator=g)
+                ids, wts, x = call_inputs(t, experts, 6, hidden, kind, g, dev)
                 names = [n for n, c in pairs.items() if all(k.fits(hidden, inter) for k in c)]
                 times = {n: [] for n in names}
                 for _ in range(3):  # rounds interleaved: base, s2s2, ..., base, s2s2, ...

@@ -50,6 +50,15 @@ def routing(tokens: int, experts: int, top_k: int, kind: str, gen: torch.Generat
     return torch.multinomial(p.expand(tokens, -1), top_k, generator=gen).to(torch.int32)
 
 
+def call_inputs(tokens: int, experts: int, top_k: int, hidden: int, kind: str, gen: torch.Generator, device):
+    """One MoE call's inputs, drawn from ``gen`` in this order: the routing (``routing``), its softmax weights
+    [tokens, top_k] fp32, the activations [tokens, hidden] bf16."""
+    ids = routing(tokens, experts, top_k, kind, gen, device)
+    wts = torch.softmax(torch.randn(tokens, top_k, device=device, generator=gen), -1)
+    x = torch.randn(tokens, hidden, device=device, dtype=torch.bfloat16, generator=gen)
+    return ids, wts, x
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", choices=sorted(SHAPES), default="flash")
@@ -145,9 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     summary, bad = [], []
     for kind in a.routing.split(","):
         for tokens in token_counts(a.tokens, a.rows, e, k):
-            ids = routing(tokens, e, k, kind, gen, dev)
-            wts = torch.softmax(torch.randn(tokens, k, device=dev, generator=gen), -1)
-            x = torch.randn(tokens, hidden, device=dev, dtype=torch.bfloat16, generator=gen)
+            ids, wts, x = call_inputs(tokens, e, k, hidden, kind, gen, dev)
             counts = torch.bincount(ids.reshape(-1).long(), minlength=e)
             active, busiest = int((counts > 0).sum()), int(counts.max())
             offs = torch.cumsum(counts, 0).to(torch.int32)

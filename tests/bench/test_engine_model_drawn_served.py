@@ -4,14 +4,13 @@ teacher-forced logprobs match transformers' forward of the checkpoint ``build`` 
 the weights drawn at load are the file's, through vLLM's own load_weights and the plugin's MoE method."""
 import random
 import re
-import signal
 import subprocess
 import sys
 
 import pytest
 
 from nvfp4stack.models.deepseek_v3.bench_model import EngineModelSpec, build, write_model_files
-from tests.support.local_server import ROOT, free_port
+from tests.support.local_server import ROOT, free_port, stop_main
 from tests.tasks.test_serve import FLIP_ATOL, LOGPROB_ATOL, served_scheme, wait_for_models
 
 SMALL = EngineModelSpec(hidden_size=256, moe_intermediate_size=64, n_routed_experts=8, num_experts_per_tok=2,
@@ -62,11 +61,7 @@ def test_drawn_weights_serve_like_the_files(tmp_path):
         print(f"scheme {scheme}: teacher-forced max |dlogprob| per prompt {worst}")
         assert sorted(worst)[1] <= LOGPROB_ATOL and max(worst) <= bound, worst
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-        code = proc.wait(timeout=120)
-        log.close()
-        print((tmp_path / "main.log").read_text(errors="replace")[-3000:])
+        code = stop_main(proc, log, tmp_path / "main.log")
     assert code == 130   # Ctrl-C (README "Exit codes")
     server_log = (run_dir / "vllm_server.log").read_text(errors="replace")
     assert "nvfp4stack: synthetic weights of deepseek_v3 (seed 0) drawn on cpu" in server_log

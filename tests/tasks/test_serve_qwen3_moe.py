@@ -4,14 +4,13 @@ MoE layer, the answers are text with finite logprobs matching transformers' forw
 NVFP4 experts, and Ctrl-C stops everything."""
 import math
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support.local_server import CACHE, free_port
+from tests.support.local_server import CACHE, free_port, stop_main
 from tests.tasks.test_serve import FLIP_ATOL, LOGPROB_ATOL, wait_for_models
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,11 +61,7 @@ def test_serve_tiny_qwen3_moe(tmp_path):
         print(f"served {served}\nreference {want}")
         assert diffs[len(diffs) // 2] <= LOGPROB_ATOL and diffs[-1] <= FLIP_ATOL, diffs
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-        code = proc.wait(timeout=120)
-        log.close()
-        print((tmp_path / "main.log").read_text(errors="replace")[-3000:])
+        code = stop_main(proc, log, tmp_path / "main.log")
     assert code == 130   # Ctrl-C (README "Exit codes")
     server_log = (run_dir / "vllm_server.log").read_text(errors="replace")
     built = dict(re.findall(r"nvfp4stack: (model\.layers\.\d+\.mlp\.experts) -> (\w+)", server_log))

@@ -48,7 +48,6 @@ def random_nvfp4_experts(e: int, n: int, k: int, device, gen: torch.Generator):
     return Nvfp4Tensor(data, scale, gs, (e, n, k))
 
 
-
 def random_tiled_experts(e: int, hidden: int, inter: int, device, gen: torch.Generator):
     """Random NVFP4 w13 [E, 2I, H] then w2 [E, H, I] (``random_nvfp4_experts``, in that order from ``gen``), their
     bytes in tiles.py's layout: the experts as triton_w4a16 prepares them on sm90."""
@@ -56,6 +55,7 @@ def random_tiled_experts(e: int, hidden: int, inter: int, device, gen: torch.Gen
 
     return tiles.tile_experts(random_nvfp4_experts(e, 2 * inter, hidden, device, gen),
                               random_nvfp4_experts(e, hidden, inter, device, gen))
+
 
 def balanced_routing(experts: int, per_expert: int, top_k: int, device, gen):
     """Routing where every expert gets exactly ``per_expert`` slots, shuffled over tokens."""

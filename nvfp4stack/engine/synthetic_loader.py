@@ -7,7 +7,9 @@ device vLLM builds the model on (``ModelFamily.synthetic_weights``), and vLLM's 
 ``model.load_weights`` takes them: its name mapping, TP/EP split and quantization methods apply
 exactly as for files, the plugin's load-time cast included. Each tensor's values come from
 (``--model-loader-extra-config '{"seed": N}'``, tensor name) alone, so every rank split and every
-MoE backend gets the same weights. Unlike vLLM's ``dummy`` loader, integer parameters (MXFP4 codes,
+MoE backend gets the same weights (a family may instead draw its stream in order from one generator, as
+its synthetic benchmark model's files hold it: every rank draws all of it, with the same result; see the
+family's ``synthetic_weights``). Unlike vLLM's ``dummy`` loader, integer parameters (MXFP4 codes,
 UE8M0 scales) hold valid values, and FP8 scales lie in the release's range.
 """
 from __future__ import annotations

@@ -94,6 +94,11 @@ class SupportsPlanning(FamilyIdentity):
         """Every tensor group from config.json alone (plans without weights); None: not supported."""
         return None
 
+    def config_source_format(self, hf: dict) -> str | None:
+        """The source format a weight-free config.json declares for ``tensor_groups`` (its quantization_config), so
+        that a plan without weights cannot take another from model.source_format; None: none declared."""
+        return None
+
     def mtp_layers(self, hf: dict) -> int:
         """How many multi-token-prediction layers config.json ``hf`` declares; 0: the family has none."""
         return 0

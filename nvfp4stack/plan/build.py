@@ -34,6 +34,12 @@ def plan_groups(cfg, family: ModelFamily | None = None):
     if spec is None:
         raise FileNotFoundError(f"model {cfg.model.name}: no weights to plan from, and model family {family.name} "
                                 "plans no model from config.json alone; set model.path=<checkpoint dir>")
+    declared = family.config_source_format(hf)
+    if declared is not None and declared != cfg.model.source_format:
+        raise ValueError(f"model.source_format={cfg.model.source_format!r}: the weight-free config.json of model "
+                         f"{cfg.model.name} ({config_json_path(cfg.model, cfg.cache_dir)}) declares {declared!r} "
+                         f"weights (its quantization_config), and no weight files say otherwise; fix: "
+                         f"model.source_format={declared}")
     return hf, [(g, family.source_scheme(g, cfg.model.source_format)) for g in spec]
 
 

@@ -147,12 +147,36 @@ def test_configs_the_spec_does_not_list_plan_from_files_and_draw_nothing(tmp_pat
     family = get_family("deepseek_v3")
     config = hf_config(SMALL)
     assert family.tensor_groups(config) is not None
-    for bad in ({"num_nextn_predict_layers": 1}, {"q_lora_rank": None}):
+    for bad, said in (({"num_nextn_predict_layers": 1}, "num_nextn_predict_layers: expected 0, found 1"),
+                      ({"q_lora_rank": None}, "q_lora_rank: missing"),
+                      ({"rope_theta": 50000.0}, "rope_theta: expected 10000.0, found 50000.0")):   # another model
         assert family.tensor_groups({**config, **bad}) is None   # plan_groups then asks for the checkpoint
-        with pytest.raises(ValueError, match="not the synthetic benchmark model's.*fix: serve it from its checkpoint"):
+        assert family.config_source_format({**config, **bad}) is None
+        with pytest.raises(ValueError, match=rf"not the synthetic benchmark model's \({said}\).*fix: serve it from its "
+                                             "checkpoint files"):
             synthetic_weights({**config, **bad}, 0, "cpu")
     fp8 = {**config, "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}
     with pytest.raises(ValueError, match=r"c\.json: quantization_config 'fp8'/None.*BF16 experts.*modelopt NVFP4"):
         experts_of(fp8, "c.json")
     with pytest.raises(ValueError, match="no MTP layers.*fix: engine.speculative unset"):
         family.synthetic_weights(config, 0, "cpu", draft=True)
+    with pytest.raises(ValueError, match="quantization_config 'fp8'"):
+        family.tensor_groups(fp8)
+
+
+def test_a_weight_free_plan_takes_the_source_format_its_config_declares(tmp_path):
+    """No weight files to read the format from: a model.source_format other than the config's quantization_config
+    is refused, naming the key and the fix, rather than planned as BF16 weights to convert."""
+    from nvfp4stack.cli import compose_config
+    from nvfp4stack.engine.plan_section import engine_plan_for
+    from nvfp4stack.models.deepseek_v3.bench_model import write_model_files
+
+    bare = tmp_path / "drawn"
+    bare.mkdir()
+    write_model_files(bare, SMALL, "nvfp4", None)
+    cfg = compose_config("recipe=tiny_v3_h200", f"model.path={bare}", "engine.load_format=synthetic",
+                         f"cache_dir={tmp_path / 'cache'}", "run_dir=/tmp/unused")
+    assert cfg.model.source_format == "bf16"
+    with pytest.raises(ValueError, match=r"model.source_format='bf16': the weight-free config.json .* declares "
+                                         r"'modelopt' weights .*fix: model.source_format=modelopt"):
+        engine_plan_for(cfg)

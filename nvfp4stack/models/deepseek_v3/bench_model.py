@@ -119,13 +119,24 @@ def headers(spec: EngineModelSpec, experts: str) -> dict[str, dict]:
     return out
 
 
-def spec_from_config(hf: dict) -> EngineModelSpec | None:
-    """The spec of a DeepseekV3 config.json whose tensors this module lists (every EngineModelSpec key set, a
-    q_lora_rank, no MTP layers), else None."""
+def spec_mismatch(hf: dict) -> list[str]:
+    """What keeps ``hf`` from being a config.json ``write_model_files`` wrote ("key: expected X, found Y"); [] for
+    the benchmark model's (any depth: its keys are read from ``hf``). A DeepseekV3 config of another model (other
+    heads, vocabulary, routing or MTP layers) is not drawn or planned from config.json alone."""
     keys = [f.name for f in fields(EngineModelSpec)]
-    if any(hf.get(k) is None for k in keys) or int(hf.get("num_nextn_predict_layers") or 0):
+    missing = [f"{k}: missing" for k in keys if hf.get(k) is None]
+    if missing:
+        return missing
+    want = {**hf_config(EngineModelSpec(**{k: hf[k] for k in keys})), "num_nextn_predict_layers": 0}
+    return [f"{k}: expected {v!r}, found {hf.get(k)!r}" for k, v in want.items()
+            if hf.get(k, 0 if k == "num_nextn_predict_layers" else None) != v]
+
+
+def spec_from_config(hf: dict) -> EngineModelSpec | None:
+    """The spec of a config.json ``write_model_files`` wrote (``spec_mismatch`` finds nothing), else None."""
+    if spec_mismatch(hf):
         return None
-    return EngineModelSpec(**{k: hf[k] for k in keys})
+    return EngineModelSpec(**{f.name: hf[f.name] for f in fields(EngineModelSpec)})
 
 
 def experts_of(hf: dict, where: str = "config.json") -> str:
@@ -174,7 +185,10 @@ def _random(shape, role, gen, device) -> torch.Tensor:
 
 def stream(spec: EngineModelSpec, experts: str, device, seed: int = 0):
     """(name, tensor) of every tensor of the checkpoint, drawn on ``device`` in ``tensor_shapes`` order from one
-    generator seeded ``seed``: what ``build`` writes, and what the synthetic load format hands vLLM."""
+    generator seeded ``seed``: what ``build`` writes, and what the synthetic load format hands vLLM. A value depends
+    on every tensor drawn before it (not on (seed, name) alone, as DeepSeek-V4's stream does): every rank draws the
+    whole stream. The same values for the same seed on the CPU, or on the same kind of GPU (CUDA's generator
+    depends on the GPU's SM count)."""
     if experts not in ("nvfp4", "bf16"):
         raise ValueError(f"experts: expected nvfp4 or bf16, found {experts!r}")
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -249,9 +263,9 @@ def synthetic_weights(config: dict, seed: int, device):
     tensors drawn on ``device``, no files."""
     spec = spec_from_config(config)
     if spec is None:
-        raise ValueError("engine.load_format=synthetic: this DeepseekV3 config.json is not the synthetic benchmark "
-                         "model's (a key of EngineModelSpec unset, no q_lora_rank, or MTP layers); fix: serve it from "
-                         "its checkpoint files (engine.load_format unset)")
+        raise ValueError(f"engine.load_format=synthetic: this DeepseekV3 config.json is not the synthetic benchmark "
+                         f"model's ({'; '.join(spec_mismatch(config)[:5])}), the only DeepseekV3 model drawn at load; "
+                         "fix: serve it from its checkpoint files (engine.load_format unset)")
     return stream(spec, experts_of(config), device, seed)
 
 
@@ -269,7 +283,7 @@ def synthetic_checkpoint(root: Path, experts: str, num_layers: int, max_position
     if not (tok / "tokenizer.json").exists():
         train_tokenizer(tok, spec.vocab_size)
     d = root / (f"{experts}-L{spec.num_hidden_layers}-h{spec.hidden_size}-e{spec.n_routed_experts}x"
-                f"{spec.moe_intermediate_size}" + ("-drawn" if drawn else ""))
+                f"{spec.moe_intermediate_size}" + (f"-p{max_position}-drawn" if drawn else ""))
     if not (d / "config.json").exists():
         if drawn:
             with atomic_dir(d) as tmp:

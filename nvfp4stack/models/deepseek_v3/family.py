@@ -112,10 +112,18 @@ class DeepseekV3Family(ModelFamily):
     def tensor_groups(self, hf: dict):
         # the synthetic benchmark model's config.json (its weights drawn at load): its tensors are known from the
         # spec; other DeepseekV3 configs plan from their checkpoint's headers
-        from nvfp4stack.models.deepseek_v3.bench_model import headers, spec_from_config
+        from nvfp4stack.models.deepseek_v3.bench_model import experts_of, headers, spec_from_config
         from nvfp4stack.plan.groups import groups_from_headers
 
         spec = spec_from_config(hf)
         if spec is None:
             return None
+        experts_of(hf)   # a quantization the model is never drawn in: refused here, naming it
         return [g for g, _ in groups_from_headers(headers(spec, "bf16"), spec.num_hidden_layers, self)]
+
+    def config_source_format(self, hf: dict) -> str | None:
+        from nvfp4stack.models.deepseek_v3.bench_model import experts_of, spec_from_config
+
+        if spec_from_config(hf) is None:
+            return None
+        return "modelopt" if experts_of(hf) == "nvfp4" else "bf16"

@@ -186,7 +186,7 @@ DECODE_MAX_ROWS_PER_EXPERT = 64
 #   tile (2 m-tiles x BK=64) to 32, then the Triton tiles.
 # L2 loads the next K step's activations with its weight words (prefetch 2; was 1 until 2026-11-28): same bits,
 # 0.95-1.10x at 44 loads of 1-16 tokens (geomean 1.04x, 39 at >= 1.00x; bench/tools/decode_pick_ab.py, RESULTS.md
-# "Issue #35: the few-token pick against the ring")
+# "Issue #35: the few-token pair's second GEMM prefetches its activations")
 _DECODE_FEW = (DecodeConfig(block_t=8, mrep=1, block_k=256, num_warps=8, prefetch=0),
                DecodeConfig(block_t=8, mrep=2, block_k=128, num_warps=4, prefetch=2))
 _DECODE_T8 = (DecodeConfig(block_t=8, mrep=2, block_k=256, num_warps=4, prefetch=0),) * 2
@@ -326,13 +326,13 @@ DECODE_CANDIDATES: tuple[tuple[DecodeConfig, DecodeConfig], ...] = tuple(
         (8, (1, 256, 8, 0, 2), (2, 128, 4, 1, 2)), (8, (1, 256, 4, 0, 4), (2, 128, 4, 1, 4)),
         (8, (1, 128, 4, 1, 4), (1, 128, 4, 1, 4)), (8, (1, 256, 8, 0, 1), (2, 128, 4, 1, 4)),
         (8, (1, 128, 4, 1, 8), (1, 64, 4, 1, 8)), (16, (1, 128, 4, 0, 2), (1, 128, 4, 0, 2)),
-        # activations prefetched too (prefetch 2), grids that fit on the SMs at once at one token (compiled for
-        # sm90 on a CPU host only, Triton 3.6: 64-66 registers at BK 128 x 8 warps, 128 for the 2 x 4-warp L2; not yet
-        # timed)
+        # activations prefetched too (prefetch 2), grids that fit on the SMs at once at one token (H200, 2026-11-28:
+        # the first two slower than the pick at one token, 49.3 and 53.9 us against 43.8; the third is _DECODE_FEW
+        # split in 2, the pick at one token since then)
         (8, (1, 128, 8, 2, 2), (2, 128, 4, 2, 2)), (8, (1, 128, 8, 2, 2), (1, 128, 8, 2, 2)),
         (8, (1, 256, 8, 0, 2), (2, 128, 4, 2, 2)))
 ) + (  # L1 at BK 256 with prefetch 2 capped at 80 registers: 3 CTAs of 256 threads an SM instead of 2 (101 registers
-    # uncapped; capped it spills, 80 bytes of stack under Triton 3.6)
+    # uncapped; capped it spills, 80 bytes of stack under Triton 3.6, and took twice the pick's time at every load)
     (DecodeConfig(8, 1, 256, 8, 2, split_k=2, maxnreg=80), DecodeConfig(8, 2, 128, 4, 2, split_k=2)),
 )
 # Diagnostics for --sweep --diag (WRONG numbers, never selected): same loads and MMAs, no dequant.

@@ -88,18 +88,21 @@ def tensor_shapes(spec: EngineModelSpec):
                 yield f"{p}.mlp.experts.{e}.{proj}.weight", shape, "expert"
 
 
+EXPERTS = ("nvfp4", "bf16")   # the routed experts' formats a checkpoint is built or drawn in
+DTYPE_BYTES = {"U8": 1, "F8_E4M3": 1, "BF16": 2, "F32": 4}   # the safetensors dtypes ``headers`` names
+
+
+def check_experts(experts: str) -> None:
+    """Refuse a routed-expert format the model is not built or drawn in."""
+    if experts not in EXPERTS:
+        raise ValueError(f"experts: expected nvfp4 or bf16, found {experts!r}")
+
+
 def checkpoint_bytes(spec: EngineModelSpec, experts: str) -> int:
-    """The tensor bytes ``build`` writes for ``spec`` (safetensors headers aside): BF16 weights and norms,
-    FP32 biases; NVFP4 experts as packed codes (half a byte an element), one e4m3 scale per 16, and two FP32
-    scalars (``weight_scale_2``, ``input_scale``)."""
-    total = 0
-    for _, shape, role in tensor_shapes(spec):
-        n = math.prod(shape)
-        if role == "expert" and experts == "nvfp4":
-            total += n // 2 + n // 16 + 8
-        else:
-            total += 4 * n if role == "bias" else 2 * n
-    return total
+    """The tensor bytes ``build`` writes for ``spec`` (safetensors headers aside), from its ``headers``: BF16
+    weights and norms, FP32 biases; NVFP4 experts as packed codes (half a byte an element), one e4m3 scale per
+    16, and two FP32 scalars (``weight_scale_2``, ``input_scale``)."""
+    return sum(math.prod(h["shape"]) * DTYPE_BYTES[h["dtype"]] for h in headers(spec, experts).values())
 
 
 def headers(spec: EngineModelSpec, experts: str) -> dict[str, dict]:
@@ -128,8 +131,8 @@ def spec_mismatch(hf: dict) -> list[str]:
     if missing:
         return missing
     want = {**hf_config(EngineModelSpec(**{k: hf[k] for k in keys})), "num_nextn_predict_layers": 0}
-    return [f"{k}: expected {v!r}, found {hf.get(k)!r}" for k, v in want.items()
-            if hf.get(k, 0 if k == "num_nextn_predict_layers" else None) != v]
+    found = {"num_nextn_predict_layers": 0, **hf}   # absent: no MTP layers
+    return [f"{k}: expected {v!r}, found {found.get(k)!r}" for k, v in want.items() if found.get(k) != v]
 
 
 def spec_from_config(hf: dict) -> EngineModelSpec | None:
@@ -189,8 +192,7 @@ def stream(spec: EngineModelSpec, experts: str, device, seed: int = 0):
     on every tensor drawn before it (not on (seed, name) alone, as DeepSeek-V4's stream does): every rank draws the
     whole stream. The same values for the same seed on the CPU, or on the same kind of GPU (CUDA's generator
     depends on the GPU's SM count)."""
-    if experts not in ("nvfp4", "bf16"):
-        raise ValueError(f"experts: expected nvfp4 or bf16, found {experts!r}")
+    check_experts(experts)
     gen = torch.Generator(device=device).manual_seed(seed)
     act_scale = torch.tensor(8.0 / GLOBAL_DIVISOR, device=device)   # weight-only serving never reads it
     pending = {}
@@ -247,8 +249,7 @@ def build(out: str | Path, experts: str = "nvfp4", spec: EngineModelSpec = Engin
     from nvfp4stack.checkpoint.safetensors_io import save_sharded
     from nvfp4stack.io_atomic import atomic_dir
 
-    if experts not in ("nvfp4", "bf16"):
-        raise ValueError(f"experts: expected nvfp4 or bf16, found {experts!r}")
+    check_experts(experts)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     out = Path(out)
     check_free_space(out, experts, spec)
@@ -276,8 +277,7 @@ def synthetic_checkpoint(root: Path, experts: str, num_layers: int, max_position
     from nvfp4stack.io_atomic import atomic_dir
     from nvfp4stack.models.tokenizer import train_tokenizer
 
-    if experts not in ("nvfp4", "bf16"):
-        raise ValueError(f"experts: expected nvfp4 or bf16, found {experts!r}")
+    check_experts(experts)
     spec = EngineModelSpec(num_hidden_layers=num_layers, max_position_embeddings=max_position)
     tok = root / f"tokenizer-{spec.vocab_size}"
     if not (tok / "tokenizer.json").exists():
@@ -297,7 +297,7 @@ def synthetic_checkpoint(root: Path, experts: str, num_layers: int, max_position
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--experts", default="nvfp4", choices=("nvfp4", "bf16"))
+    ap.add_argument("--experts", default="nvfp4", choices=EXPERTS)
     ap.add_argument("--tokenizer", help="a dir with tokenizer.json (e.g. a tiny model's)")
     ap.add_argument("--layers", type=int, default=3)
     args = ap.parse_args(argv)

@@ -36,8 +36,8 @@ from nvfp4stack.kernels.moe.hopper_w4a16._decode_gluon import (
     _scales,
     _w_word_step,
     _w_words,
-    decode_layouts,
 )
+from nvfp4stack.kernels.moe.hopper_w4a16._decode_layouts import decode_layouts
 from nvfp4stack.kernels.moe.hopper_w4a16._triton_kernels import _block_expert
 
 

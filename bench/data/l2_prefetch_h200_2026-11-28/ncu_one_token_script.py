@@ -1,8 +1,16 @@
-import os, sys, torch
+"""The ncu run of bench/data/l2_prefetch_h200_2026-11-28/ncu_one_token.csv (kept as run; the bulk / ahead options it
+names were removed after this measurement: see git d5e5422). Flash 256/top-6, one token: the pick, b1, a2, a1."""
+import os
+import sys
 from dataclasses import replace
+
+import torch
+
 sys.path.insert(0, os.getcwd())
 from nvfp4stack.bench.moe_kernel import random_nvfp4_experts
-from nvfp4stack.kernels.moe.hopper_w4a16 import fused_moe as fm, tiles
+from nvfp4stack.kernels.moe.hopper_w4a16 import fused_moe as fm
+from nvfp4stack.kernels.moe.hopper_w4a16 import tiles
+
 dev = torch.device("cuda")
 hidden, inter, experts = 4096, 2048, 256
 g = torch.Generator(device=dev).manual_seed(0)

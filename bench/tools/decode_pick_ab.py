@@ -14,16 +14,9 @@ Alternatives:
   s2p2   the prefetch-2 pair split in 2 K runs, whatever fill_split would pick;
   l1p1   the prefetch-2 pair with L1's next K step's weights prefetched too (L1 prefetch 1; more registers: fewer
          programs an SM), split as fill_split picks;
-  l1p2   the same with L1 at prefetch 2 (its activations too);
-  b1     the prefetch-2 pair, split as fill_split picks, each CTA bulk-prefetching its own weights and scales into
-         L2 at its start (DecodeConfig.bulk 1; L2's CTAs before they wait for L1);
-  b3     b1, and L1's CTAs also L2's weights of their expert (L1 bulk 3);
-  b7     b3 with those under the evict-last policy (L1 bulk 7);
-  b2     L1's CTAs L2's weights only (L1 bulk 2, L2 none);
-  a1     the pick with each K step's weights and scales bulk-prefetched into L2 one step before the loop loads them
-         (DecodeConfig.ahead 1, both GEMMs); a2, a4: two, four steps ahead; a2l1: L1 only, two steps.
+  l1p2   the same with L1 at prefetch 2 (its activations too).
 
-Usage (repo root, GPU host): python3 bench/tools/decode_pick_ab.py [--rounds 3] [--runs full|tp2|all] [--only b1,b3]
+Usage (repo root, GPU host): python3 bench/tools/decode_pick_ab.py [--rounds 3] [--runs full|tp2|all] [--only p1,ring]
 """
 from __future__ import annotations
 
@@ -56,11 +49,6 @@ def alternatives(top_k: int, tokens: int, experts: int, hidden: int, inter: int,
             "s2p2": (replace(l1, split_k=2), replace(l2p2, split_k=2)),
             "l1p1": tc.fill_split((replace(l1, prefetch=1), l2p2), tokens * top_k, experts, hidden, inter, sms),
             "l1p2": tc.fill_split((replace(l1, prefetch=2), l2p2), tokens * top_k, experts, hidden, inter, sms)}
-    p2 = alts["p2"]
-    for name, b1, b2 in (("b1", 1, 1), ("b3", 3, 1), ("b7", 7, 1), ("b2", 2, 0)):
-        alts[name] = (replace(p2[0], bulk=b1), replace(p2[1], bulk=b2))
-    for name, a1, a2 in (("a1", 1, 1), ("a2", 2, 2), ("a4", 4, 4), ("a2l1", 2, 0)):
-        alts[name] = (replace(p2[0], ahead=a1), replace(p2[1], ahead=a2))
     return {n: p for n, p in alts.items() if all(c.fits(hidden, inter) for c in p)}
 
 

@@ -22,19 +22,12 @@ def test_the_ab_times_the_pick_against_the_old_pair_the_ring_and_a_forced_split(
     from nvfp4stack.kernels.moe.hopper_w4a16.tile_choice import _DECODE_FEW, _DECODE_T16_RING, pick_call
 
     alts = _tool("decode_pick_ab").alternatives(6, 1, 256, 4096, 2048, 132)
-    assert set(alts) == {"ring", "p1", "p2", "s2p2", "l1p1", "l1p2", "b1", "b3", "b7", "b2", "a1", "a2", "a4", "a2l1"}
+    assert set(alts) == {"ring", "p1", "p2", "s2p2", "l1p1", "l1p2"}
     pick = pick_call(6 / 256, 6, 256, 4096, 2048, True, 132)   # Flash one token, as the forward asks
     assert alts["p2"] == pick and [c.split_k for c in pick] == [2, 2] and pick[1].prefetch == 2
     assert alts["p1"] == (pick[0], replace(pick[1], prefetch=1))   # the pair until 2026-11-28
     assert alts["ring"] == _DECODE_T16_RING
     assert [(c.prefetch, c.split_k) for c in alts["l1p1"]] == [(1, 2), (2, 2)]
-    # the bulk-prefetch alternatives: the pick's tiles and splits, the prefetch bits only added
-    assert {n: [c.bulk for c in alts[n]] for n in ("b1", "b3", "b7", "b2")} == {"b1": [1, 1], "b3": [3, 1],
-                                                                               "b7": [7, 1], "b2": [2, 0]}
-    assert all(replace(alts[n][i], bulk=0) == pick[i] for n in ("b1", "b3", "b7", "b2") for i in (0, 1))
-    assert {n: [c.ahead for c in alts[n]] for n in ("a1", "a2", "a4", "a2l1")} == {"a1": [1, 1], "a2": [2, 2],
-                                                                                   "a4": [4, 4], "a2l1": [2, 0]}
-    assert all(replace(alts[n][i], ahead=0) == pick[i] for n in ("a1", "a2", "a4", "a2l1") for i in (0, 1))
     # two tokens: fill_split leaves the pair whole, s2p2 splits it anyway
     two = _tool("decode_pick_ab").alternatives(6, 2, 256, 4096, 2048, 132)
     assert [c.split_k for c in two["p2"]] == [1, 1] and [c.split_k for c in two["s2p2"]] == [2, 2]

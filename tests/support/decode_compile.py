@@ -13,7 +13,7 @@ from dataclasses import replace
 
 # pointer operands by name (the rest: int32 ids and counts); the one stride that may pass 2**31, and the clamp
 _PTR = {"x_ptr": "*bf16", "a_ptr": "*bf16", "out_ptr": "*bf16", "sum_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8",
-        "gs_ptr": "*fp32", "topk_w_ptr": "*fp32", "ws_ptr": "*fp32", "w2_ptr": "*u8", "w2s_ptr": "*u8"}
+        "gs_ptr": "*fp32", "topk_w_ptr": "*fp32", "ws_ptr": "*fp32"}
 _SCALAR = {"stride_we": "i64", "limit": "fp32"}
 
 
@@ -28,8 +28,7 @@ def compile_cubin(fn, cfg, **consts) -> bytes:
     mma, w_bytes, w_blocks, x_l, extra = dg.decode_layouts(cfg.num_warps, cfg.mrep, cfg.block_t, cfg.block_k,
                                                             cfg.prefetch)
     consts = dict(MMA=mma, W_BYTES=w_bytes, W_BLOCKS=w_blocks, X_L=x_l, ROWS=cfg.rows, BT=cfg.block_t,
-                  BK=cfg.block_k, PREFETCH=cfg.prefetch, W32_L=extra, TILED=True, SPLIT=cfg.split_k, PDL=True, BULK=cfg.bulk, AHEAD=cfg.ahead,
-                  **consts)
+                  BK=cfg.block_k, PREFETCH=cfg.prefetch, W32_L=extra, TILED=True, SPLIT=cfg.split_k, PDL=True, **consts)
     signature = {p.name: "constexpr" if p.is_constexpr else _PTR.get(p.name, "*i32") if p.name.endswith("_ptr")
                  else _SCALAR.get(p.name, "i32") for p in fn.params}
     if fn is dg.l2_decode_kernel and cfg.split_k > 1:
@@ -65,8 +64,6 @@ def pairs() -> dict:
         "prefetch 2": (DecodeConfig(8, 1, 128, 8, 2, split_k=2), DecodeConfig(8, 2, 128, 4, 2, split_k=2)),
         "prefetch 2, capped": (DecodeConfig(8, 1, 256, 8, 2, split_k=2, maxnreg=80),
                                DecodeConfig(8, 2, 128, 4, 2, split_k=2)),
-        "one token, bulk prefetch": (replace(_DECODE_FEW[0], split_k=2, bulk=7), replace(_DECODE_FEW[1], split_k=2, bulk=1)),
-        "prefetch to L2 ahead": (replace(_DECODE_FEW[0], ahead=2), replace(_DECODE_FEW[1], ahead=2)),
     }
 
 

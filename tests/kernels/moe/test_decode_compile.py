@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
-NAMES = ["one token (split 2, top-k sum in L2)", "few tokens", "L2 at prefetch 1", "16-token pair", "prefetch 2", "prefetch 2, capped",
-         "one token, bulk prefetch", "prefetch to L2 ahead"]
+NAMES = ["one token (split 2, top-k sum in L2)", "few tokens", "L2 at prefetch 1", "16-token pair", "prefetch 2", "prefetch 2, capped"]
 
 
 @pytest.fixture(scope="module")

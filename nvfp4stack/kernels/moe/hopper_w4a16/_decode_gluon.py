@@ -39,7 +39,6 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from nvfp4stack.kernels.moe.hopper_w4a16 import _bulk_prefetch as bulk
 from nvfp4stack.kernels.moe.hopper_w4a16._decode_epilogue import (
     _block_tokens,
     _l1_epilogue,
@@ -128,7 +127,6 @@ def _gemm_rows(
     MMA: gl.constexpr, W_BYTES: gl.constexpr, W_BLOCKS: gl.constexpr, X_L: gl.constexpr,
     ROWS: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, PREFETCH: gl.constexpr, W32_L: gl.constexpr,
     TILED: gl.constexpr, WAIT: gl.constexpr,  # WAIT: gdc_wait before the first activation load (x: L1's h)
-    AHEAD: gl.constexpr = 0,  # > 0: each step's weight and scale bytes prefetched to L2 this many K steps ahead
 ):
     S_L: gl.constexpr = gl.SliceLayout(2, W_BLOCKS)
     offs_wb = _w_cols(gl.arange(0, BK // 2, layout=gl.SliceLayout(0, W_BYTES)), TILED)
@@ -140,9 +138,6 @@ def _gemm_rows(
     xm = gl.expand_dims(x_mask, 1)
 
     acc = gl.zeros([ROWS, BT], gl.float32, layout=MMA)
-    if AHEAD:  # steps 1 .. AHEAD now; the loop step that loads step s > 0 asks for step s + AHEAD
-        pw, ps = bulk.row_bases(w_row_ptr, s_row_ptr, ROWS)
-        bulk.rows(pw, ps, k_lo + BK, gl.minimum(k_lo + (AHEAD + 1) * BK, k_hi), ROWS, TILED)
     if PREFETCH == 0:  # plain loads, latency hidden by occupancy only
         k_first = k_lo
         if WAIT:  # the first step peeled: its weights are loaded before the wait for the activations' writer
@@ -153,8 +148,6 @@ def _gemm_rows(
             acc = mma_v2(_dequant_a(w, sc, MMA, W_BLOCKS, ROWS, BK, TILED), _x_operand(x, MMA, BT, BK), acc)
             k_first = k_lo + BK
         for k0 in range(k_first, k_hi, BK):
-            if AHEAD:
-                bulk.step_ahead(pw, ps, k0, k_lo, k_hi, BK, AHEAD, ROWS, TILED)
             w = gl.load(w_ptrs + _w_col0(k0 // 2, BK // 2, TILED))
             sc = _scales(gl.load(s_ptrs + k0 // 16))
             x = gl.load(x_ptrs + k0, mask=xm, other=0.0)
@@ -174,8 +167,6 @@ def _gemm_rows(
         for k0 in range(k_lo + BK, k_hi, BK):
             if not XA:
                 x = gl.load(x_ptrs + (k0 - BK), mask=xm, other=0.0)  # L2-resident: loaded where it is used
-            if AHEAD:
-                bulk.step_ahead(pw, ps, k0, k_lo, k_hi, BK, AHEAD, ROWS, TILED)
             w_n = gl.load(w32_ptrs + _w_col0(k0 // 2, BK // 2, TILED) // 4)
             sc_n = gl.load(s_ptrs + k0 // 16)
             if XA:
@@ -260,12 +251,10 @@ def l1_swiglu_decode_kernel(
     x_ptr, stride_xm, w_ptr, stride_we, stride_wn, s_ptr, stride_se, stride_sn, gs_ptr, out_ptr, stride_om,
     sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots, top_k, I, H, limit,
     ws_ptr, cnt_ptr,  # split_k > 1: fp32 [tiles, SPLIT, ROWS * BT] workspace, int32 [tiles] zeroed counts
-    # BULK & 2: L2's packed weights and scales (w2_ptr / w2s_ptr), their expert strides and one expert's bytes
-    w2_ptr, stride_w2e, w2_bytes, w2s_ptr, stride_w2se, w2s_bytes,
     HAS_LIMIT: gl.constexpr,
     MMA: gl.constexpr, W_BYTES: gl.constexpr, W_BLOCKS: gl.constexpr, X_L: gl.constexpr,
     ROWS: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, PREFETCH: gl.constexpr, W32_L: gl.constexpr,
-    TILED: gl.constexpr, SPLIT: gl.constexpr, PDL: gl.constexpr, BULK: gl.constexpr, AHEAD: gl.constexpr,
+    TILED: gl.constexpr, SPLIT: gl.constexpr, PDL: gl.constexpr,
 ):
     # grid: (I // (ROWS/2), token blocks, SPLIT K runs); the fast axis walks n so that neighbours share x
     if PDL:  # L2 may launch once every L1 program has started (it waits for L1's end before reading h)
@@ -285,15 +274,8 @@ def l1_swiglu_decode_kernel(
     w_row, s_row = _l1_weight_rows(w_ptr, stride_we, stride_wn, s_ptr, stride_se, stride_sn, expert, n0, I, H,
                                    W_BYTES, W_BLOCKS, ROWS, TILED)
     k_lo, k_hi = _k_run(H, BK, SPLIT)
-    if BULK & 1:
-        bulk.own_rows(w_row, s_row, k_lo, k_hi, ROWS, TILED)
-    if BULK & 2:  # this CTA's share of L2's bytes of its expert
-        share = pid_n * gl.num_programs(2) + gl.program_id(2)
-        e64 = expert.to(gl.int64)
-        bulk.expert_share(w2_ptr + e64 * stride_w2e, w2_bytes, share, ROWS, (BULK & 4) != 0)
-        bulk.expert_share(w2s_ptr + e64 * stride_w2se, w2s_bytes, share, ROWS, (BULK & 4) != 0)
     acc = _gemm_rows(w_row, s_row, x_row, valid, k_lo, k_hi, MMA, W_BYTES, W_BLOCKS, X_L, ROWS, BT, BK,
-                     PREFETCH, W32_L, TILED, False, AHEAD)
+                     PREFETCH, W32_L, TILED, False)
     if SPLIT == 1:
         _l1_epilogue(acc, gs_ptr, expert, out_ptr, stride_om, n0, pid_m, limit, HAS_LIMIT, MMA, ROWS, BT, 0)
     else:  # the last of the tile's K runs applies the epilogue to their sum
@@ -314,8 +296,6 @@ def l2_decode_kernel(
     ROWS: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, PREFETCH: gl.constexpr, W32_L: gl.constexpr,
     TILED: gl.constexpr, SPLIT: gl.constexpr, FUSE_SUM: gl.constexpr,
     PDL: gl.constexpr,  # launched with launch_pdl: wait for L1 (gdc_wait) before reading h or writing anything
-    BULK: gl.constexpr,  # & 1: this CTA's weight bytes prefetched to L2 at its start (_bulk_prefetch.py)
-    AHEAD: gl.constexpr,  # > 0: each K step's weight bytes prefetched to L2 this many steps ahead
 ):
     # grid: (H // ROWS, token blocks, SPLIT K runs)
     if PDL:  # the top-k sum may launch once every L2 program has started (it waits for L2's end)
@@ -337,10 +317,8 @@ def l2_decode_kernel(
     w_row, s_row = _l2_weight_rows(w_ptr, stride_we, stride_wn, s_ptr, stride_se, stride_sn, expert, n0, I,
                                    W_BYTES, W_BLOCKS, ROWS, TILED)
     k_lo, k_hi = _k_run(I, BK, SPLIT)
-    if BULK & 1:  # before the wait for L1: these bytes come during L1's tail
-        bulk.own_rows(w_row, s_row, k_lo, k_hi, ROWS, TILED)
     acc = _gemm_rows(w_row, s_row, a_row, offs_t >= 0, k_lo, k_hi, MMA, W_BYTES, W_BLOCKS, X_L, ROWS, BT, BK,
-                     PREFETCH, W32_L, TILED, PDL, AHEAD)
+                     PREFETCH, W32_L, TILED, PDL)
     _l2_epilogue(acc, gs_ptr, expert, topk_w_ptr, out_ptr, stride_om, stride_os, sorted_ids_ptr, num_slots, n0,
                  pid_m, MMA, ROWS, BT, SPLIT)
     if FUSE_SUM:  # the top-k sum here, not in its own launch
@@ -359,15 +337,13 @@ def launch(cfg1, cfg2, l1_args: tuple, l2_args: tuple, nblocks: int, inter: int,
     def layouts(c) -> dict:
         mma, w_bytes, w_blocks, x_l, extra = decode_layouts(c.num_warps, c.mrep, c.block_t, c.block_k, c.prefetch)
         return dict(MMA=mma, W_BYTES=w_bytes, W_BLOCKS=w_blocks, X_L=x_l, ROWS=c.rows, BT=c.block_t,
-                    BK=c.block_k, PREFETCH=c.prefetch, W32_L=extra, TILED=tiled, SPLIT=c.split_k, BULK=c.bulk, AHEAD=c.ahead,
+                    BK=c.block_k, PREFETCH=c.prefetch, W32_L=extra, TILED=tiled, SPLIT=c.split_k,
                     num_warps=c.num_warps, **({"maxnreg": c.maxnreg} if c.maxnreg else {}))
 
     n_tiles = inter // (cfg1.rows // 2)
     ws, counts = split_workspace(cfg1, n_tiles * nblocks, l1_args[0].device)
-    w2, w2_scale = l2_args[2], l2_args[5]  # L2's weights (_weight_args), for L1's bulk prefetch of them
     l1_swiglu_decode_kernel[(n_tiles, nblocks, cfg1.split_k)](
-        *l1_args, limit, ws, counts, w2, w2.stride(0), hidden * inter // 2, w2_scale, w2_scale.stride(0),
-        hidden * inter // 16, HAS_LIMIT=has_limit, PDL=pdl, **layouts(cfg1))
+        *l1_args, limit, ws, counts, HAS_LIMIT=has_limit, PDL=pdl, **layouts(cfg1))
     out, top_k = fused_sum or (counts, 0)
     sum_counts = tile_counters(hidden // cfg2.rows, out.device, "the one-token top-k sum", cfg2) if fused_sum \
         else counts

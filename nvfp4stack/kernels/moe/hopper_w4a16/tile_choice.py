@@ -74,13 +74,6 @@ class DecodeConfig:
     # SM where the grid has more than fit (e.g. 80 at 256 threads: 3 CTAs, where the prefetch-2 L1 tile at BK 256
     # takes 101 registers uncapped, 2 CTAs; Triton 3.6)
     maxnreg: int = 0
-    # mma.sync tiles only: L2-cache prefetch by the TMA unit at each CTA's start (_bulk_prefetch.py), bits: 1 the
-    # CTA's own weights and scales, 2 (L1 only) its share of its expert's L2 weights and scales, 4 (with 2) those
-    # with the evict-last policy. 0: none. A hint: the same bits whatever it is.
-    bulk: int = 0
-    # mma.sync tiles only: each K step's weight and scale bytes prefetched to L2 (the TMA unit's bulk prefetch) this
-    # many steps before the loop loads them (0: none); a hint, as bulk
-    ahead: int = 0
 
     @property
     def rows(self) -> int:
@@ -124,13 +117,6 @@ class DecodeConfig:
         if self.maxnreg and (self.wgmma or self.maxnreg % 8 or not 24 <= self.maxnreg <= 248):
             raise ValueError(f"DecodeConfig: maxnreg (a thread's register cap) is 0 (the compiler's choice), or a "
                              f"multiple of 8 from 24 to 248 on the mma.sync tiles (wgmma 0) only; got {self}")
-        if self.bulk and (self.wgmma or self.bulk not in (1, 2, 3, 6, 7) or self.rows % 64):
-            raise ValueError(f"DecodeConfig: bulk (L2 prefetch bits: 1 own weights, 2 L2's, 4 L2's evict-last, "
-                             f"with 2) is 0, 1, 2, 3, 6 or 7, on mma.sync tiles (wgmma 0) of whole 64-row weight "
-                             f"blocks only; got {self}")
-        if self.ahead and (self.wgmma or self.ahead not in (1, 2, 3, 4) or self.rows % 64):
-            raise ValueError(f"DecodeConfig: ahead (K steps the L2 prefetch runs ahead of the loads) is 0 to 4, on "
-                             f"mma.sync tiles (wgmma 0) of whole 64-row weight blocks only; got {self}")
         if self.split_k not in (1, 2, 4, 8) or (self.split_k > 1 and self.wgmma):
             raise ValueError(f"DecodeConfig: split_k (K runs per tile, each its own CTA) is 1, 2, 4 or 8, and more "
                              f"than 1 on the mma.sync tiles (wgmma 0) only; got {self}")

@@ -1,6 +1,9 @@
 """The Gluon mma.sync decode kernels compile for sm90 on a host without a GPU (Triton's own compiler with
 ``GPUTarget("cuda", 90, 32)``), so a kernel edit that does not compile fails in CI, not first on a GPU host; and
-``DecodeConfig.maxnreg`` reaches the compiler (the register count cuobjdump reads from the cubin).
+``DecodeConfig.maxnreg`` reaches the compiler (the register count cuobjdump reads from the cubin); and the K loops
+load their weights in 128-bit loads (cuobjdump -sass). The compile gives every pointer and stride the
+divisibility by 16 the JIT gives a real launch (decode_compile.compile_cubin), so its registers and loops are the
+GPU's build.
 
 The compiles run in a process of their own (tests/support/decode_compile.py): importing the kernels pulls Triton
 in, which the backend-registration test checks a CPU host's import stays out of. The Triton here is this host's
@@ -39,3 +42,18 @@ def test_the_decode_pairs_compile_for_sm90(name, compiled):
     if "cap64_and_free" in got:   # a cap reaches the compiler: 64, well under this tile's registers without one
         capped, free = got["cap64_and_free"]
         assert capped <= 64 < free, got
+
+
+@pytest.mark.parametrize("name", NAMES[:2])
+def test_the_k_loops_load_the_weights_in_128_bit_loads_never_bytes(name, compiled):
+    """Each decode kernel's K loop (the longest backward branch of its SASS) has at least one LDG.E.128 and no
+    LDG.E.U8. This guards a real regression: where the compiler cannot see a weight offset's alignment the vector
+    loads split into byte loads (``_triton_kernels._w_col0``'s docstring; ``_decode_gluon._k_run``), and L1's
+    loop at one token goes from 331 SASS instructions a K step (12 LDG.E.128) to 552-553 (72 LDG.E.U8, 64 LDG.E.U16,
+    144 PRMT; Triton 3.6 and 3.9 alike) while the outputs stay right, so only the speed shows it. Only what both
+    Tritons give is asserted: the loop totals and L2's registers differ between 3.6 and 3.9."""
+    loads = compiled[name]["loads"]
+    if None in loads:
+        pytest.skip("no cuobjdump here (the JSON's loads are null): the loops' loads unread")
+    for kernel, got in zip(("L1", "L2"), loads):
+        assert got.get("LDG.E.128", 0) >= 1 and "LDG.E.U8" not in got, (name, kernel, got)

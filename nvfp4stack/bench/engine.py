@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 from nvfp4stack.bench.engine_measure import measure
-from nvfp4stack.bench.engine_table import BASELINES, READY, cells, host_bound_line, spread_lines, table
+from nvfp4stack.bench.engine_table import BASELINES, READY, cells, host_bound_line, ready_line, spread_lines, table
 from nvfp4stack.bench.rounds import schedule
 from nvfp4stack.engine.args import SYNTHETIC
 from nvfp4stack.io_atomic import atomic_write_text
@@ -366,6 +366,8 @@ def run(cfg) -> int:
     text = format_rows(rows) + "\nspread (max-min)/median per setting: " + "; ".join(spreads)
     if host_bound := host_bound_line(results):
         text += "\n" + host_bound
+    if ready := ready_line(bench.starts, b.engine_cold_caches):
+        text += "\n" + ready
     if bench.left_out:
         text += f"\nleft out (server did not start): {left_out}"
     print(f"\nEngine benchmark (vLLM bench serve on the recipe's server, {b.engine_rounds} round(s), servers "

@@ -67,3 +67,21 @@ def test_the_spread_lines_of_the_32_layer_run_are_those_results_quotes():
     fp8 = spread_lines(json.loads((data / "metrics_fp8_prefill.json").read_text())["results"])
     assert fp8 == ["triton_w4a16+fp8: worst 17.7% (prefill 2048 TTFT ms, 3 rounds), OVER the 5% goal; "
                    "decode step time worst 7.5% (decode b=256 TPOT ms, 3 rounds), OVER the 5% goal"]
+
+
+def test_the_ready_line_says_when_the_first_start_paid_the_shared_jit():
+    import json
+    from pathlib import Path
+
+    from nvfp4stack.bench.engine_table import ready_line, table
+
+    data = Path(__file__).resolve().parents[2] / "bench" / "data" / "engine_drawn_32_layers_all_batches_h200_2026-11-28"
+    run = json.loads((data / "metrics.json").read_text())
+    assert run["server_starts"] == ["triton_w4a16", "bf16"] and run["config"]["engine_cold_caches"] is False
+    line = ready_line(run["server_starts"], run["config"]["engine_cold_caches"])
+    assert line.startswith("ready times: JIT caches shared between starts") and "(triton_w4a16)" in line
+    assert "bench.engine_cold_caches=true" in line
+    ready = {r["metric"]: r for r in table(run["results"])}["engine ready s"]
+    assert ready["triton_w4a16/bf16"] == "0.49"   # the ratio the line qualifies: 224 s (first start) vs 109 s
+    assert ready_line(run["server_starts"], True) is None      # every start on empty caches of its own
+    assert ready_line(["triton_w4a16"], False) is None         # one start: nothing to compare

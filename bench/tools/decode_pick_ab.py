@@ -63,6 +63,11 @@ def main() -> int:
     p.add_argument("--runs", choices=sorted(RUNS), default="all")
     p.add_argument("--only", default="", help="comma-separated alternatives to time beside the pick (default: all)")
     a = p.parse_args()
+    only = set(filter(None, a.only.split(",")))
+    known = set(alternatives(6, 1, 256, 4096, 2048, 132))   # every name (all fit Flash at one token)
+    if only - known:
+        p.error(f"--only: expected names among {','.join(sorted(known))}, found {','.join(sorted(only - known))}; "
+                f"fix: --only {','.join(sorted(only & known)) or 'p1'}")
     if not torch.cuda.is_available():
         print("decode_pick_ab: needs a CUDA GPU (sm90: the Gluon decode kernels); nothing run")
         return 2
@@ -77,7 +82,6 @@ def main() -> int:
         for kind in ("uniform", "zipf"):
             for t in counts:
                 ids, wts, x = call_inputs(t, experts, top_k, hidden, kind, g, dev)
-                only = set(filter(None, a.only.split(",")))
                 pairs = {"pick": None, **{n: p for n, p in alternatives(top_k, t, experts, hidden, inter, sms).items()
                                           if not only or n in only}}
                 runs = {n: (lambda c=c: fm.nvfp4_moe_forward_triton(x, t13, t2, wts, ids, swiglu_limit=10.0,

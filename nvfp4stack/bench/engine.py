@@ -366,7 +366,8 @@ def run(cfg) -> int:
     text = format_rows(rows) + "\nspread (max-min)/median per setting: " + "; ".join(spreads)
     if host_bound := host_bound_line(results):
         text += "\n" + host_bound
-    if ready := ready_line(bench.starts, b.engine_cold_caches):
+    ready = ready_line(bench.starts, b.engine_cold_caches)
+    if ready:
         text += "\n" + ready
     if bench.left_out:
         text += f"\nleft out (server did not start): {left_out}"
@@ -375,7 +376,7 @@ def run(cfg) -> int:
     atomic_write_text(run_dir / "metrics.json", json.dumps(
         {"bench": "engine", "results": results,
          "summary": {n: {m: c.to_dict() for m, c in cs.items()} for n, cs in cells(results).items()},
-         "rows": rows, "spread": spreads, "host_bound": host_bound, "commands": bench.commands,
+         "rows": rows, "spread": spreads, "host_bound": host_bound, "ready": ready, "commands": bench.commands,
          "server_starts": bench.starts,
          "left_out": bench.left_out,
          "config": {k: getattr(b, k) for k in vars(b) if k.startswith("engine_")},

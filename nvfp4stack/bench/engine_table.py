@@ -73,13 +73,14 @@ def host_bound_line(results: dict[str, dict[str, list[float]]]) -> str | None:
 
 def ready_line(starts: list[str], cold_caches: bool) -> str | None:
     """What the ready row compares. With caches shared between starts (``bench.engine_cold_caches=false``) the
-    first server started (``starts[0]``) also builds what every later start reuses, whatever its MoE backend:
-    on a fresh H200 with vLLM 0.26 about 90 s of it is FlashInfer's JIT build of the sampling module vLLM's
-    top-k/top-p sampler calls in its warm-up (Python stacks of the engine core every 15 s, 2026-11-28,
-    bench/RESULTS.md). None when each start had empty caches of its own, or there was one start."""
+    first server started (``starts[0]``) may also build what every later start reuses, whatever its MoE backend:
+    on a fresh H200 with vLLM 0.26, 75-100 s of FlashInfer's JIT build of the sampling module that vLLM's
+    top-k/top-p sampler calls in the profiling run's dummy sampler step (Python stacks of the engine core every
+    15 s, 2026-11-28, bench/RESULTS.md); on a machine whose caches were warm already, nothing. None when each
+    start had empty caches of its own, or there was one start."""
     if cold_caches or len(starts) < 2:
         return None
     return (f"ready times: JIT caches shared between starts (bench.engine_cold_caches=false): the first start "
-            f"({starts[0]}) also built what the later ones reused (FlashInfer's sampling module, ~90 s on a fresh "
-            f"H200), so its ready time is not comparable; each setting's fresh-machine ready time: "
-            f"bench.engine_cold_caches=true")
+            f"({starts[0]}) may have built what the later ones reused (on a fresh H200 with vLLM 0.26: FlashInfer's "
+            f"sampling module, 75-100 s), so the ready ratios are not a comparison; each setting's fresh-machine "
+            f"ready time: bench.engine_cold_caches=true")

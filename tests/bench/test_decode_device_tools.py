@@ -44,3 +44,10 @@ def test_on_a_cpu_host_the_tools_say_so_and_exit_2(name):
                        text=True, timeout=300)
     assert r.returncode == 2, r.stderr[-2000:]
     assert "needs a CUDA GPU" in r.stdout and "nothing run" in r.stdout
+
+
+def test_an_unknown_alternative_is_refused_before_anything_runs():
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "tools" / "decode_pick_ab.py"), "--only", "ring,b1"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "nothing run" not in r.stdout, r.stdout
+    assert "--only: expected names among l1p1,l1p2,p1,p2,ring,s2p2, found b1; fix: --only ring" in r.stderr, r.stderr

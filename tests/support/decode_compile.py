@@ -17,9 +17,11 @@ _PTR = {"x_ptr": "*bf16", "a_ptr": "*bf16", "out_ptr": "*bf16", "sum_ptr": "*bf1
         "gs_ptr": "*fp32", "topk_w_ptr": "*fp32", "ws_ptr": "*fp32"}
 _SCALAR = {"stride_we": "i64", "limit": "fp32"}
 # This mirrors the JIT's specialization (Triton's backends/compiler.py: "D", tt.divisibility 16) for a launch whose
-# strides and dims are multiples of 16, as at every shape the kernels run (Flash: hidden 4096, inter 2048): its
-# pointers are 16-byte aligned (torch allocations) and its int operands multiples of 16, but for these three (the
-# routed slots and top-k vary with the call; limit is a float). Without it the weight words load byte by byte.
+# strides and dims are multiples of 16, as at DeepSeek-V4's Flash and Pro shapes (it holds where K % 256 == 0, so
+# that the scales' row stride K/16 is one too): its pointers are 16-byte aligned (torch allocations) and its int
+# operands multiples of 16, but for these three: num_slots is do_not_specialize in both kernels, top_k is the
+# model's (6; 0, which the JIT would mark, where L2 does not read it), limit is a float. Without it the weight
+# words load byte by byte.
 _UNALIGNED = {"num_slots", "top_k", "limit"}
 _ALIGNED = [["tt.divisibility", 16]]
 
@@ -60,7 +62,8 @@ def _cuobjdump(cubin: bytes, flag: str) -> str | None:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        return subprocess.run([tool, flag, f.name], capture_output=True, text=True, check=True).stdout
+        run = subprocess.run([tool, flag, f.name], capture_output=True, text=True)
+    return run.stdout if run.returncode == 0 else None   # a cuobjdump that fails reads as none: nothing read
 
 
 def registers(cubin: bytes) -> int | None:
@@ -130,7 +133,8 @@ def main() -> int:
             mixes = [loop_mix(c1), loop_mix(c2)]
             out[name] = {"bytes": [len(c1), len(c2)], "registers": [registers(c1), registers(c2)],
                          "caps": [l1.maxnreg, l2.maxnreg], "loop": [m and m["total"] for m in mixes],
-                         "loads": [loads(m) for m in mixes]}
+                         "loads": [loads(m) for m in mixes],
+                         "mma": [m and sum(n for op, n in m["ops"].items() if op.startswith("HMMA")) for m in mixes]}
             if l1.maxnreg:   # the same L1 with a cap of 64 and with none
                 out[name]["cap64_and_free"] = [registers(compile_cubin(dg.l1_swiglu_decode_kernel, replace(l1, maxnreg=n),
                                                                        HAS_LIMIT=True)) for n in (64, 0)]

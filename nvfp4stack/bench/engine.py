@@ -42,7 +42,7 @@ from nvfp4stack.bench.rounds import schedule
 from nvfp4stack.engine.args import SYNTHETIC
 from nvfp4stack.io_atomic import atomic_write_text
 from nvfp4stack.plan.kv_cache import DEFAULT_GPU_UTIL  # vLLM's own default, split by servers=together
-from nvfp4stack.run_dir import versions
+from nvfp4stack.run_dir import environment, versions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -366,7 +366,8 @@ def run(cfg) -> int:
     text = format_rows(rows) + "\nspread (max-min)/median per setting: " + "; ".join(spreads)
     if host_bound := host_bound_line(results):
         text += "\n" + host_bound
-    ready = ready_line(bench.starts, b.engine_cold_caches)
+    env = environment(cfg.engine.env)   # what the servers saw (recorded: it changes start times and kernels)
+    ready = ready_line(bench.starts, b.engine_cold_caches, env)
     if ready:
         text += "\n" + ready
     if bench.left_out:
@@ -380,7 +381,8 @@ def run(cfg) -> int:
          "server_starts": bench.starts,
          "left_out": bench.left_out,
          "config": {k: getattr(b, k) for k in vars(b) if k.startswith("engine_")},
-         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "device": _device(), "versions": versions()},
+         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "device": _device(), "versions": versions(),
+         "environment": env},
         indent=2, default=str))
     atomic_write_text(run_dir / "table.txt", text + "\n")
     print(f"[bench engine] wrote {run_dir / 'metrics.json'} and {run_dir / 'table.txt'}")

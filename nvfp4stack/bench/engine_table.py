@@ -71,16 +71,19 @@ def host_bound_line(results: dict[str, dict[str, list[float]]]) -> str | None:
             + "; ".join(low)) if low else None
 
 
-def ready_line(starts: list[str], cold_caches: bool) -> str | None:
+def ready_line(starts: list[str], cold_caches: bool, env: dict[str, str] | None = None) -> str | None:
     """What the ready row compares. With caches shared between starts (``bench.engine_cold_caches=false``) the
     first server started (``starts[0]``) may also build what every later start reuses, whatever its MoE backend:
     on a fresh H200 with vLLM 0.26, 75-100 s of FlashInfer's JIT build of the sampling module that vLLM's
     top-k/top-p sampler calls in the profiling run's dummy sampler step (Python stacks of the engine core every
-    15 s, 2026-11-28, bench/RESULTS.md); on a machine whose caches were warm already, nothing. None when each
+    15 s, 2026-11-28, bench/RESULTS.md), unless the servers' environment ``env`` turns that sampler off
+    (``VLLM_USE_FLASHINFER_SAMPLER=0``); on a machine whose caches were warm already, nothing. None when each
     start had empty caches of its own, or there was one start."""
     if cold_caches or len(starts) < 2:
         return None
+    shared = ("torch.compile's and Triton's caches; FlashInfer's sampler off: VLLM_USE_FLASHINFER_SAMPLER=0"
+              if (env or {}).get("VLLM_USE_FLASHINFER_SAMPLER") == "0"
+              else "on a fresh H200 with vLLM 0.26: FlashInfer's sampling module, 75-100 s")
     return (f"ready times: JIT caches shared between starts (bench.engine_cold_caches=false): the first start "
-            f"({starts[0]}) may have built what the later ones reused (on a fresh H200 with vLLM 0.26: FlashInfer's "
-            f"sampling module, 75-100 s), so the ready ratios are not a comparison; each setting's fresh-machine "
-            f"ready time: bench.engine_cold_caches=true")
+            f"({starts[0]}) may have built what the later ones reused ({shared}), so the ready ratios are not a "
+            f"comparison; each setting's fresh-machine ready time: bench.engine_cold_caches=true")

@@ -85,3 +85,19 @@ def test_the_ready_line_says_when_the_first_start_paid_the_shared_jit():
     assert ready["triton_w4a16/bf16"] == "0.49"   # the ratio the line qualifies: 224 s (first start) vs 109 s
     assert ready_line(run["server_starts"], True) is None      # every start on empty caches of its own
     assert ready_line(["triton_w4a16"], False) is None         # one start: nothing to compare
+    assert "FlashInfer's sampling module, 75-100 s" in line and "environment" not in run   # recorded since
+
+
+def test_the_ready_line_says_so_when_flashinfers_sampler_was_off():
+    import json
+    from pathlib import Path
+
+    from nvfp4stack.bench.engine_table import ready_line
+
+    data = Path(__file__).resolve().parents[2] / "bench" / "data" / "engine_drawn_32_layers_fp8_marlin_bf16_h200_2026-11-28"
+    run = json.loads((data / "metrics.json").read_text())
+    starts = run["server_starts"]
+    assert starts == ["triton_w4a16+fp8", "marlin", "bf16"]
+    off = ready_line(starts, False, {"VLLM_USE_FLASHINFER_SAMPLER": "0"})   # that run's shell set it
+    assert "(triton_w4a16+fp8)" in off and "VLLM_USE_FLASHINFER_SAMPLER=0" in off and "75-100 s" not in off
+    assert ready_line(starts, False, {"VLLM_USE_FLASHINFER_SAMPLER": "1"}) == ready_line(starts, False)

@@ -36,6 +36,8 @@ class BenchConfig:
     engine_prefill_len: int = 2048      # prefill prompts' tokens (one generated token)
     engine_prefill_prompts: int = 32    # 0 = no prefill row
     engine_prefill_concurrency: int = 8
+    engine_profile_batch: int = 0       # N > 0: after a setting's last round, one more at batch N under vLLM's torch
+    # profiler (traces and their GPU busy/idle summary under <setting>/profile; not in the table); 0 = off
 
     def __post_init__(self) -> None:
         if self.name not in BENCHES:
@@ -46,6 +48,9 @@ class BenchConfig:
         if self.engine_rounds < 1:
             raise ValueError(f"bench.engine_rounds: expected >= 1 (3 or more to tell a difference from noise), "
                              f"found {self.engine_rounds}; fix: bench.engine_rounds=3")
+        if self.engine_profile_batch < 0:
+            raise ValueError(f"bench.engine_profile_batch: expected 0 (off) or a batch size > 0, found "
+                             f"{self.engine_profile_batch}; fix: bench.engine_profile_batch=128")
         if self.engine_servers not in SERVERS:
             raise ValueError(f"bench.engine_servers: expected one of {', '.join(SERVERS)}, found "
                              f"{self.engine_servers!r}{did_you_mean(self.engine_servers, SERVERS)}; "

@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 
 from nvfp4stack.bench.engine_measure import measure
+from nvfp4stack.bench.engine_profile import profile_round, profiled
 from nvfp4stack.bench.engine_table import BASELINES, READY, cells, host_bound_line, ready_line, spread_lines, table
 from nvfp4stack.bench.rounds import schedule
 from nvfp4stack.engine.args import SYNTHETIC
@@ -235,6 +236,8 @@ class Bench:
         command = format_cli(argv)
         self.record(r, s, result, command)
         _save(sub, self.keys, scfg, result, command, r, warm_up)
+        if self.cfg.bench.engine_profile_batch and r == self.cfg.bench.engine_rounds - 1:   # not in the table
+            profile_round(self.cfg, server, Path(scfg.run_dir), label)
 
     def start(self, s: Setting, scfg, stack: contextlib.ExitStack):
         from nvfp4stack.tasks.serve import serving
@@ -261,8 +264,9 @@ class Bench:
     def server_cfg(self, s: Setting, where: Path, gpu_memory_utilization: float | None = None):
         """The setting's typed config for a server start whose run dir (and, with cold caches, caches) is
         ``where``."""
-        return self.cold(s.apply(self.cfg, self.ckpts.get(s.experts), where, self.port(s),
-                                 gpu_memory_utilization=gpu_memory_utilization, drawn=drawn(self.cfg)), where)
+        scfg = s.apply(self.cfg, self.ckpts.get(s.experts), where, self.port(s),
+                       gpu_memory_utilization=gpu_memory_utilization, drawn=drawn(self.cfg))
+        return profiled(self.cold(scfg, where), where, self.cfg.bench.engine_profile_batch)
 
     def cold(self, scfg, start_dir: Path):
         """``scfg`` with empty JIT/compile caches of its own under ``start_dir`` (bench.engine_cold_caches),

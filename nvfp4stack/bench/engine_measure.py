@@ -30,8 +30,16 @@ def vllm_bench_serve(base_url: str, model: str, tokenizer: Path, *, input_len: i
     return {**result, "gpu_busy_percent": sampler.percent}
 
 
+def bench_serve_profiled(base_url: str, model: str, tokenizer: Path, *, input_len: int, output_len: int,
+                         batch: int, seed: int, log: Path) -> dict:
+    """One wave of ``batch`` requests with ``vllm bench serve --profile``: vLLM's profiler started before the
+    first request and stopped after the last (the server needs ``--profiler-config``: engine_profile.py)."""
+    return _bench_serve_once(base_url, model, tokenizer, input_len=input_len, output_len=output_len, prompts=batch,
+                             concurrency=batch, seed=seed, log=log, profile=True)
+
+
 def _bench_serve_once(base_url: str, model: str, tokenizer: Path, *, input_len: int, output_len: int,
-                      prompts: int, concurrency: int, seed: int, log: Path) -> dict:
+                      prompts: int, concurrency: int, seed: int, log: Path, profile: bool = False) -> dict:
     from vllm.benchmarks.serve import add_cli_args, main
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
@@ -43,7 +51,7 @@ def _bench_serve_once(base_url: str, model: str, tokenizer: Path, *, input_len: 
         "--random-output-len", str(output_len), "--random-range-ratio", "0", "--num-prompts", str(prompts),
         "--max-concurrency", str(concurrency), "--request-rate", "inf", "--ignore-eos", "--temperature", "0",
         "--seed", str(seed), "--disable-tqdm", "--percentile-metrics", "ttft,tpot,itl",
-        "--num-warmups", "0"])
+        "--num-warmups", "0"] + (["--profile"] if profile else []))
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         result = main(args)

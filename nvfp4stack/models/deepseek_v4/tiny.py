@@ -35,8 +35,9 @@ import torch
 
 from nvfp4stack.models.deepseek_v4.spec import TensorGroup, dsv4_tensor_groups
 
-SPEC_VERSION = 7  # bump when the recipe below changes: it is part of the cache key (4: YaRN rope, 5: window and index top-k 128, 6: 16 indexer heads,
-# 7: the tokenizer's docstring corpus read in a fresh interpreter, so a build no longer depends on import order)
+SPEC_VERSION = 8  # bump when the recipe below changes: it is part of the cache key (4: YaRN rope, 5: window and index top-k 128, 6: 16 indexer heads,
+# 7: the tokenizer's docstring corpus read in a fresh interpreter, so a build no longer depends on import order,
+# 8: a correctly rounded square root in the heavy-tailed draw, so the bytes no longer depend on MKL's CPU code path)
 LAYOUTS = ("bf16", "release", "hf")
 
 # Roles stored as FP8 E4M3 + UE8M0 128x128 in the release (vLLM builds these with the FP8 config;
@@ -144,8 +145,19 @@ def _heavy_tailed(shape: tuple, std: float, g: torch.Generator, df: float = 5.0)
     z = torch.randn(shape, generator=g, device=g.device)
     # Chi2 via sum of squares keeps the draw on our seeded generator.
     v = torch.randn((*shape, int(df)), generator=g, device=g.device).pow(2).sum(-1)
-    t = z / torch.sqrt(v / df)
+    t = z / _sqrt(v / df)
     return t * (std / math.sqrt(df / (df - 2)))
+
+
+def _sqrt(x: torch.Tensor) -> torch.Tensor:
+    """The correctly rounded square root on every host. On CPU ``torch.sqrt`` goes through MKL's vector math, whose
+    code path, and with it the last bit of about 1 in 150 float32 results, depends on the CPU (an AVX-512 Xeon
+    and an AVX2 EPYC drew different tiny checkpoints); numpy's is the IEEE one, as CUDA's ``sqrt`` is."""
+    if x.device.type != "cpu":
+        return torch.sqrt(x)
+    import numpy as np
+
+    return torch.from_numpy(np.sqrt(x.contiguous().numpy()))
 
 
 def _matrix(tg: TensorGroup, seed: int, device: str | torch.device = "cpu") -> torch.Tensor:

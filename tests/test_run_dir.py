@@ -14,3 +14,14 @@ def test_environment_keeps_the_steering_variables_and_never_the_api_key(monkeypa
     assert "VLLM_API_KEY" not in env and "secret-key" not in env.values() and "k2" not in env.values()
     assert "HOME_OF_SOMETHING_ELSE" not in env
     assert list(env) == sorted(env)
+
+
+def test_environment_hides_the_configured_key_variable_and_secret_looking_names(monkeypatch):
+    from nvfp4stack.run_dir import environment
+
+    monkeypatch.setenv("NVFP4STACK_SERVER_KEY", "k3")        # engine.api_key_env may name any variable
+    monkeypatch.setenv("VLLM_SOME_TOKEN", "t")
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "INFO")
+    env = environment({"NVFP4STACK_PASSWORD": "p"}, secret="NVFP4STACK_SERVER_KEY")
+    assert env.get("VLLM_LOGGING_LEVEL") == "INFO"
+    assert not {"NVFP4STACK_SERVER_KEY", "VLLM_SOME_TOKEN", "NVFP4STACK_PASSWORD"} & set(env)

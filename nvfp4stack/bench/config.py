@@ -37,7 +37,7 @@ class BenchConfig:
     engine_prefill_prompts: int = 32    # 0 = no prefill row
     engine_prefill_concurrency: int = 8
     engine_profile_batch: int = 0       # N > 0: after a setting's last round, one more at batch N under vLLM's torch
-    # profiler (traces and their GPU busy/idle summary under <setting>/profile; not in the table); 0 = off
+    # profiler (traces and their GPU busy/idle summary in the server start's profile/ directory; not in the table)
 
     def __post_init__(self) -> None:
         if self.name not in BENCHES:

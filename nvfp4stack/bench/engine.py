@@ -355,7 +355,8 @@ def run(cfg) -> int:
     ckpts = synthetic_checkpoints(cfg, {s.experts for s in settings}) if b.engine_model != "recipe" else {}
     settings = servable(cfg, settings, ckpts)
     # a round's numbers do not depend on how many rounds there are: a run with more rounds reuses them
-    keys = {k: getattr(b, k) for k in vars(b) if k.startswith("engine_") and k not in ("engine_settings", "engine_rounds")}
+    unkeyed = ("engine_settings", "engine_rounds", "engine_profile_batch")   # (a profiled server is keyed by its args)
+    keys = {k: getattr(b, k) for k in vars(b) if k.startswith("engine_") and k not in unkeyed}
     bench = Bench(cfg, settings, ckpts, keys)
     print(f"[bench engine] {b.engine_rounds} round(s) of {', '.join(s.name for s in settings)}, "
           f"servers {b.engine_servers}; order: "
@@ -370,7 +371,7 @@ def run(cfg) -> int:
     text = format_rows(rows) + "\nspread (max-min)/median per setting: " + "; ".join(spreads)
     if host_bound := host_bound_line(results):
         text += "\n" + host_bound
-    env = environment(cfg.engine.env)   # what the servers saw (recorded: it changes start times and kernels)
+    env = environment(cfg.engine.env, cfg.engine.api_key_env)   # what the servers saw (it changes starts, kernels)
     ready = ready_line(bench.starts, b.engine_cold_caches, env)
     if ready:
         text += "\n" + ready

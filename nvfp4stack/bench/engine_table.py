@@ -82,8 +82,16 @@ def ready_line(starts: list[str], cold_caches: bool, env: dict[str, str] | None 
     if cold_caches or len(starts) < 2:
         return None
     shared = ("torch.compile's and Triton's caches; FlashInfer's sampler off: VLLM_USE_FLASHINFER_SAMPLER=0"
-              if (env or {}).get("VLLM_USE_FLASHINFER_SAMPLER") == "0"
+              if _off((env or {}).get("VLLM_USE_FLASHINFER_SAMPLER"))
               else "on a fresh H200 with vLLM 0.26: FlashInfer's sampling module, 75-100 s")
     return (f"ready times: JIT caches shared between starts (bench.engine_cold_caches=false): the first start "
             f"({starts[0]}) may have built what the later ones reused ({shared}), so the ready ratios are not a "
             f"comparison; each setting's fresh-machine ready time: bench.engine_cold_caches=true")
+
+
+def _off(value: str | None) -> bool:
+    """A vLLM boolean variable set to false, read as vLLM reads it (``bool(int(value))``)."""
+    try:
+        return value is not None and not int(value)
+    except ValueError:
+        return False

@@ -18,13 +18,23 @@ GAP_BINS_US = (2.0, 10.0, 100.0)   # gap sizes: < 2 us (launch to launch inside 
 
 
 def load_events(path: Path) -> list[dict]:
-    """The GPU activity events of a Chrome trace file: dicts with name, ts and dur (microseconds)."""
+    """The GPU activity events of a Chrome trace file, as dicts of name, ts and dur (microseconds, floats; events
+    of no duration left out: they mark no time on the GPU)."""
     opener = gzip.open if path.name.endswith(".gz") else open
     with opener(path, "rt") as f:
         data = json.load(f)
-    events = data.get("traceEvents", []) if isinstance(data, dict) else data
-    return [e for e in events if isinstance(e, dict) and e.get("ph") == "X" and e.get("cat") in GPU_CATS
-            and isinstance(e.get("ts"), (int, float)) and isinstance(e.get("dur"), (int, float))]
+    events = data.get("traceEvents", []) if isinstance(data, dict) else data if isinstance(data, list) else []
+    out = []
+    for e in events:
+        if not (isinstance(e, dict) and e.get("ph") == "X" and e.get("cat") in GPU_CATS):
+            continue
+        try:
+            ts, dur = float(e["ts"]), float(e["dur"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if dur > 0:
+            out.append({"name": str(e.get("name", "?")), "ts": ts, "dur": dur})
+    return out
 
 
 def _short(name: str, width: int = 90) -> str:
@@ -33,6 +43,7 @@ def _short(name: str, width: int = 90) -> str:
 
 def summarize(events: list[dict], top: int = 12) -> dict:
     """Busy share, largest kernels and idle gaps of ``events`` (``load_events``); ``{"events": 0}`` if none."""
+    events = [e for e in events if float(e["dur"]) > 0]
     if not events:
         return {"events": 0}
     ev = sorted(events, key=lambda e: (float(e["ts"]), -float(e["dur"])))

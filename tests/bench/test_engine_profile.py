@@ -72,3 +72,24 @@ def test_no_trace_is_said_in_one_line(tmp_path, monkeypatch, capsys):
     cfg = _cfg(tmp_path, "bench.engine_profile_batch=8")
     assert engine_profile.profile_round(cfg, ("u", "m", [], tmp_path), tmp_path / "bf16", "") is None
     assert "profile: no trace under" in capsys.readouterr().out
+
+
+def test_a_failed_profile_round_is_one_line_and_old_traces_are_left_out(tmp_path, monkeypatch, capsys):
+    from nvfp4stack.bench import engine_measure
+
+    cfg = _cfg(tmp_path, "bench.engine_profile_batch=8")
+    prof = tmp_path / "ours" / "profile"
+    prof.mkdir(parents=True)
+    (prof / "old.pt.trace.json").write_text(json.dumps({"traceEvents": [
+        {"ph": "X", "cat": "kernel", "name": "old", "ts": 0.0, "dur": 1.0}]}))
+
+    def refused(*a, **k):
+        raise RuntimeError("vllm bench serve: 8 of 8 requests failed")
+
+    monkeypatch.setattr(engine_measure, "bench_serve_profiled", refused)
+    assert engine_profile.profile_round(cfg, ("u", "m", [], tmp_path), tmp_path / "ours", "") is None
+    assert "profile: failed (RuntimeError: vllm bench serve: 8 of 8 requests failed)" in capsys.readouterr().out
+    monkeypatch.setattr(engine_measure, "bench_serve_profiled", lambda *a, **k: {})
+    monkeypatch.setattr(engine_profile, "TRACE_WAIT_S", 0.0)
+    assert engine_profile.profile_round(cfg, ("u", "m", [], tmp_path), tmp_path / "ours", "") is None   # old only
+    assert not (prof / "summary.json").exists()

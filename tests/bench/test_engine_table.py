@@ -101,3 +101,4 @@ def test_the_ready_line_says_so_when_flashinfers_sampler_was_off():
     off = ready_line(starts, False, {"VLLM_USE_FLASHINFER_SAMPLER": "0"})   # that run's shell set it
     assert "(triton_w4a16+fp8)" in off and "VLLM_USE_FLASHINFER_SAMPLER=0" in off and "75-100 s" not in off
     assert ready_line(starts, False, {"VLLM_USE_FLASHINFER_SAMPLER": "1"}) == ready_line(starts, False)
+    assert ready_line(starts, False, {"VLLM_USE_FLASHINFER_SAMPLER": "00"}) == off   # as vLLM reads it: int()

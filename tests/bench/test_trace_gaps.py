@@ -56,3 +56,21 @@ def test_a_trace_without_gpu_events_says_so(tmp_path, capsys):
     assert summarize(load_events(path)) == {"events": 0}
     assert main([str(path)]) == 0
     assert "no GPU kernel, memcpy or memset events" in capsys.readouterr().out
+
+
+def test_odd_events_are_read_or_left_out_not_fatal(tmp_path):
+    """A list at the top, a nameless kernel, times as strings, zero-length and malformed events."""
+    path = tmp_path / "odd.json"
+    path.write_text(json.dumps([
+        {"ph": "X", "cat": "kernel", "ts": "10", "dur": "5"},                 # no name, strings: read
+        {"ph": "X", "cat": "kernel", "name": "z", "ts": 12.0, "dur": 0},       # no time on the GPU: left out
+        {"ph": "X", "cat": "kernel", "name": "bad", "ts": "soon", "dur": 3},   # left out
+        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD", "ts": 20.0, "dur": 2.0},
+    ]))
+    ev = load_events(path)
+    assert [(e["name"], e["ts"], e["dur"]) for e in ev] == [("?", 10.0, 5.0), ("Memcpy HtoD", 20.0, 2.0)]
+    s = summarize(ev)
+    assert s["busy_us"] == pytest.approx(7.0) and s["idle_by_neighbours"][0]["before"] == "?"
+    assert summarize([{"name": "z", "ts": 1.0, "dur": 0.0}]) == {"events": 0}
+    (tmp_path / "scalar.json").write_text("3")
+    assert load_events(tmp_path / "scalar.json") == []

@@ -266,7 +266,7 @@ class Bench:
         ``where``."""
         scfg = s.apply(self.cfg, self.ckpts.get(s.experts), where, self.port(s),
                        gpu_memory_utilization=gpu_memory_utilization, drawn=drawn(self.cfg))
-        return profiled(self.cold(scfg, where), where, self.cfg.bench.engine_profile_batch)
+        return profiled(self.cold(scfg, where), where)
 
     def cold(self, scfg, start_dir: Path):
         """``scfg`` with empty JIT/compile caches of its own under ``start_dir`` (bench.engine_cold_caches),

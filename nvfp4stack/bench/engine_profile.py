@@ -34,9 +34,10 @@ def profiler_config(trace_dir: Path, output_len: int) -> dict:
             "ignore_frontend": True, "delay_iterations": delay, "max_iterations": steps}
 
 
-def profiled(scfg, start_dir: Path, batch: int):
-    """``scfg`` whose server can be profiled into ``start_dir/profile`` (``batch`` > 0), else as it is."""
-    if batch <= 0:
+def profiled(scfg, start_dir: Path):
+    """``scfg`` whose server can be profiled into ``start_dir/profile`` where its ``bench.engine_profile_batch``
+    asks for a profile, else as it is."""
+    if scfg.bench.engine_profile_batch <= 0:
         return scfg
     pc = profiler_config(start_dir / "profile", scfg.bench.engine_output_len)
     args = [*scfg.engine.extra_args, "--profiler-config", json.dumps(pc)]

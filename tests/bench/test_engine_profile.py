@@ -19,9 +19,10 @@ def test_the_profiler_config_is_one_vllm_parses(tmp_path):
     from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
+    off = _cfg(tmp_path)
+    assert engine_profile.profiled(off, tmp_path) is off          # off (the default 0): the server's config untouched
     cfg = _cfg(tmp_path, "bench.engine_profile_batch=128")
-    assert engine_profile.profiled(cfg, tmp_path, 0) is cfg      # off: the server's config untouched
-    scfg = engine_profile.profiled(cfg, tmp_path / "marlin", cfg.bench.engine_profile_batch)
+    scfg = engine_profile.profiled(cfg, tmp_path / "marlin")
     args = scfg.engine.extra_args
     assert args[-2] == "--profiler-config" and list(cfg.engine.extra_args) == list(args[:-2])
     ns = make_arg_parser(FlexibleArgumentParser()).parse_args(["--model", str(tmp_path), *args])

@@ -1,4 +1,4 @@
-"""bench/tools/decode_pick_ab.py and warmup_compile_time.py are GPU-host scripts; on a CPU host they say so and exit 2,
+"""bench/tools/decode_pick_ab.py, warmup_compile_time.py and permute_k_ab.py are GPU-host scripts; on a CPU host they say so and exit 2,
 and the pairs the A/B times are the ones its docstring names (the pick's own pair among them)."""
 import importlib.util
 import subprocess
@@ -34,7 +34,7 @@ def test_the_ab_times_the_pick_against_the_old_pair_the_ring_and_a_forced_split(
     assert two["p2"] == (_DECODE_FEW[0], replace(_DECODE_FEW[1], prefetch=2))
 
 
-@pytest.mark.parametrize("name", ["decode_pick_ab", "warmup_compile_time"])
+@pytest.mark.parametrize("name", ["decode_pick_ab", "warmup_compile_time", "permute_k_ab"])
 def test_on_a_cpu_host_the_tools_say_so_and_exit_2(name):
     import torch
 

@@ -31,3 +31,50 @@ def test_refuses_a_block_that_does_not_divide():
         k_permutation(1000, 128)
     with pytest.raises(ValueError, match="block_k must be a multiple of 64 dividing k"):
         permute_k(torch.zeros(2, 1000), 128)
+
+
+_TRITON_CHECK = r"""
+import sys
+import torch
+from nvfp4stack.kernels.moe.hopper_w4a16.k_order import permute_k
+from nvfp4stack.kernels.moe.hopper_w4a16.k_order_triton import permute_k_triton
+
+device, seed = sys.argv[1], int(sys.argv[2])
+g = torch.Generator().manual_seed(seed)
+bad = []
+# decode-sized token counts, odd ones, Flash's hidden and inter and a K of one block; heavy-tailed values
+# (every bit pattern of the inputs matters, so no zeros or uniform rows)
+for t, k, bk in [(1, 4096, 128), (3, 2048, 128), (5, 256, 256), (7, 192, 64), (33, 4096, 256), (2, 128, 128)]:
+    x = (torch.randn(t, k, generator=g) * torch.exp(2 * torch.randn(t, k, generator=g))).to(torch.bfloat16)
+    x = x.to(device)
+    want = permute_k(x, bk)
+    got = permute_k_triton(x, bk)
+    if not (torch.equal(got.view(torch.int16), want.view(torch.int16)) and got.is_contiguous()):
+        bad.append((t, k, bk))
+    # a row-strided view (every other row of a wider buffer) reads the same
+    wide = torch.cat([x, x.flip(1)], 1)[:, :k]
+    if not torch.equal(permute_k_triton(wide, bk).view(torch.int16), want.view(torch.int16)):
+        bad.append(("strided", t, k, bk))
+if permute_k_triton(torch.empty(0, 256, dtype=torch.bfloat16, device=device), 128).shape != (0, 256):
+    bad.append("empty")
+print("mismatches:", bad)
+sys.exit(1 if bad else 0)
+"""
+
+
+def test_the_triton_permutation_matches_the_strided_copy():
+    """k_order_triton.permute_k_triton bit-identical to permute_k (GPU, or the Triton interpreter on CPU in a
+    subprocess, as tests/kernels/moe/test_routing.py does)."""
+    from tests.support.triton_check import run_triton_check
+
+    run_triton_check(_TRITON_CHECK, 20261128)
+
+
+def test_the_triton_permutation_refuses_a_column_stride():
+    pytest.importorskip("triton")
+    from nvfp4stack.kernels.moe.hopper_w4a16.k_order_triton import permute_k_triton
+
+    with pytest.raises(ValueError, match="unit column stride"):
+        permute_k_triton(torch.zeros(256, 4, dtype=torch.bfloat16).t(), 128)
+    with pytest.raises(ValueError, match="block_k must be a multiple of 64 dividing k"):
+        permute_k_triton(torch.zeros(2, 1000, dtype=torch.bfloat16), 128)

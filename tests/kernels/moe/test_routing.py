@@ -146,20 +146,9 @@ def test_the_routing_chunk_and_path_by_slot_count():
 def test_triton_alignment_matches_torch():
     """routing_triton: align_by_expert_triton and align_split_triton bit-identical to the torch versions (GPU, or the
     Triton interpreter on CPU in a subprocess)."""
-    import subprocess
-    import sys
+    from tests.support.triton_check import run_triton_check
 
-    pytest.importorskip("triton")
-    seed = _seed()
-    if torch.cuda.is_available():
-        cmd, env = [sys.executable, "-c", _TRITON_CHECK, "cuda", str(seed)], dict(os.environ)
-    else:
-        cmd, env = [sys.executable, "-c", _TRITON_CHECK, "cpu", str(seed)], dict(os.environ, TRITON_INTERPRET="1")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    print(r.stdout[-2000:], r.stderr[-2000:])
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    run_triton_check(_TRITON_CHECK, _seed())
 
 
 def _block_pairs(r) -> set[tuple[int, int]]:

@@ -175,11 +175,9 @@ def nvfp4_moe_forward_triton(
     has_limit = swiglu_limit is not None
     x_in = xb
     if decode and cfg1.wgmma:
-        from nvfp4stack.kernels.moe.hopper_w4a16.k_order import permute_k
-
-        # cp.async stages the activations verbatim: x goes in the weights' K order (one strided copy),
-        # and L1 writes h in L2's
-        x_in = permute_k(xb, cfg1.block_k)
+        # cp.async stages the activations verbatim: x goes in the weights' K order (one launch), and L1
+        # writes h in L2's
+        x_in = _permute_k(xb, cfg1.block_k)
     launches = []
     row0 = 0
     for routing, c1, c2 in parts:
@@ -211,6 +209,21 @@ def nvfp4_moe_forward_triton(
         for args in launches:
             _launch_gemms(*args)
     return _topk_sum(rows_all, topk_ids, hidden, out_dtype, pdl=len(launches) == 1 and pdl_path(cfg1))
+
+
+# the wgmma kernels' K-permuted copy of x in one Triton launch (False: torch's strided copy, k_order.permute_k;
+# the A/B of bench/tools/permute_k_ab.py)
+PERMUTE_TRITON = True
+
+
+def _permute_k(xb: torch.Tensor, block_k: int) -> torch.Tensor:
+    if PERMUTE_TRITON:
+        from nvfp4stack.kernels.moe.hopper_w4a16.k_order_triton import permute_k_triton
+
+        return permute_k_triton(xb, block_k)
+    from nvfp4stack.kernels.moe.hopper_w4a16.k_order import permute_k
+
+    return permute_k(xb, block_k)
 
 
 # one token on the mma.sync decode tiles: no routing launch, the top-k sum inside L2 (False: as for more tokens;

@@ -20,11 +20,15 @@ def stored_column(k: torch.Tensor, block_k: int) -> torch.Tensor:
     return g * block_k + 16 * v + 8 * e + 2 * q4 + d
 
 
+def check_block(k: int, block_k: int, what: str) -> None:
+    if block_k % 64 or k % block_k:
+        raise ValueError(f"{what}: block_k must be a multiple of 64 dividing k; got k={k}, block_k={block_k}")
+
+
 def k_permutation(k: int, block_k: int) -> torch.Tensor:
     """int64 [k]: position j of the permuted layout holds real column ``idx[j]``
     (``x.index_select(-1, idx)`` permutes)."""
-    if block_k % 64 or k % block_k:
-        raise ValueError(f"k_permutation: block_k must be a multiple of 64 dividing k; got k={k}, block_k={block_k}")
+    check_block(k, block_k, "k_permutation")
     real = torch.arange(k)
     idx = torch.empty(k, dtype=torch.int64)
     idx[stored_column(real, block_k)] = real
@@ -36,6 +40,5 @@ def permute_k(x: torch.Tensor, block_k: int) -> torch.Tensor:
     as one strided copy: real (q4, v, d, e) -> stored (v, e, q4, d) inside every block_k columns
     (an index_select gather took 7 us for Flash's [171, 4096] on an H200)."""
     t, k = x.shape
-    if block_k % 64 or k % block_k:
-        raise ValueError(f"permute_k: block_k must be a multiple of 64 dividing k; got k={k}, block_k={block_k}")
+    check_block(k, block_k, "permute_k")
     return x.view(t, k // block_k, 4, block_k // 16, 2, 2).permute(0, 1, 3, 5, 2, 4).reshape(t, k)

@@ -5,7 +5,13 @@ The GPU's activity is the trace's kernel, memcpy and memset events (the ones CUP
 kernels replayed from CUDA graphs included). ``summarize`` gives the window they span, the time at least one
 of them ran (their union: concurrent streams count once), the largest kernels by total time, and the idle
 gaps between them, summed by the pair of kernels around each gap, so that a share of idle time can be put on
-a place in the step (between two layers' kernels, between steps, around a side stream's join)."""
+a place in the step (between two layers' kernels, between steps, around a side stream's join).
+
+``steps`` cuts the events into engine steps at each launch of a kernel the caller names (one that runs once a
+forward, first: the embedding's, for example): each step's span from that kernel to the last one before the
+next, the kernel time in it and the GPU's wait before the next step. That tells a decode step the GPU runs end
+to end (gaps of a few us between forwards) from one that waits on the host, and the share of a step a group of
+kernels takes (``CLI --step-start embedding``)."""
 from __future__ import annotations
 
 import gzip
@@ -101,14 +107,55 @@ def format_summary(s: dict) -> str:
     return "\n".join(lines)
 
 
+def steps(events: list[dict], start: str) -> list[dict]:
+    """The engine steps of ``events``: one per launch of a kernel whose name contains ``start`` (the last step
+    ends with the last event); each with its span (first kernel's start to the last end), the summed kernel time
+    (concurrent streams count each) and the idle time before the next step's first kernel."""
+    ev = sorted(events, key=lambda e: float(e["ts"]))
+    firsts = [i for i, e in enumerate(ev) if start in e["name"]]
+    out = []
+    for n, (a, b) in enumerate(zip(firsts, firsts[1:] + [len(ev)])):
+        part = ev[a:b]
+        t0 = float(part[0]["ts"])
+        t1 = max(float(e["ts"]) + float(e["dur"]) for e in part)
+        nxt = float(ev[b]["ts"]) if b < len(ev) else None
+        per: dict[str, float] = defaultdict(float)
+        for e in part:
+            per[e["name"]] += float(e["dur"])
+        out.append({"step": n, "span_us": t1 - t0, "kernel_us": sum(per.values()),
+                    "wait_after_us": (nxt - t1) if nxt is not None else None, "by_kernel_us": dict(per)})
+    return out
+
+
+def format_steps(st: list[dict], top: int = 8) -> str:
+    """Per step: span, kernel time, wait before the next; then the kernels' mean time a step over all of them."""
+    if not st:
+        return "no step: no kernel's name contains the --step-start text"
+    lines = [f"{len(st)} steps (span ms, kernel ms, GPU wait before the next step us):"]
+    lines += [f"  {s['step']:3d} {s['span_us'] / 1e3:9.2f} {s['kernel_us'] / 1e3:9.2f} "
+              + (f"{s['wait_after_us']:10.1f}" if s["wait_after_us"] is not None else "         -") for s in st]
+    per: dict[str, float] = defaultdict(float)
+    for s in st:
+        for k, v in s["by_kernel_us"].items():
+            per[k] += v / len(st)
+    lines.append("kernel time a step, mean over the steps (us):")
+    lines += [f"  {v:10.1f}  {_short(k)}" for k, v in sorted(per.items(), key=lambda kv: -kv[1])[:top]]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
     p = argparse.ArgumentParser(description="GPU busy share, largest kernels and idle gaps of torch profiler traces")
     p.add_argument("traces", nargs="+", type=Path, help="Chrome trace files (.json or .json.gz)")
+    p.add_argument("--step-start", default="", help="also cut the trace into engine steps at each kernel whose name "
+                   "contains this text (one that runs first in every forward, e.g. embedding)")
     a = p.parse_args(argv)
     for t in a.traces:
-        print(f"{t}:\n{format_summary(summarize(load_events(t)))}")
+        ev = load_events(t)
+        print(f"{t}:\n{format_summary(summarize(ev))}")
+        if a.step_start:
+            print(format_steps(steps(ev, a.step_start)))
     return 0
 
 

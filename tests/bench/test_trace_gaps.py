@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from nvfp4stack.bench.trace_gaps import format_summary, load_events, main, summarize
+from nvfp4stack.bench.trace_gaps import format_steps, format_summary, load_events, main, steps, summarize
 
 
 def _trace():
@@ -74,3 +74,33 @@ def test_odd_events_are_read_or_left_out_not_fatal(tmp_path):
     assert summarize([{"name": "z", "ts": 1.0, "dur": 0.0}]) == {"events": 0}
     (tmp_path / "scalar.json").write_text("3")
     assert load_events(tmp_path / "scalar.json") == []
+
+
+def test_steps_cut_at_the_named_kernel_and_time_each_one(tmp_path, capsys):
+    """Two forwards of unequal length, a side stream inside the first, 6 us and 80 us waits: each step's span,
+    its kernel time (streams each counted) and the wait before the next; the CLI prints them."""
+    k = lambda name, ts, dur: {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur}  # noqa: E731
+    trace = {"traceEvents": [
+        k("triton_red_fused__to_copy_embedding_rms_norm_0", 0.0, 3.0),
+        k("l1_swiglu_wgmma_kernel", 4.0, 60.0), k("nvjet_shared", 10.0, 30.0), k("l2_wgmma_kernel", 65.0, 25.0),
+        k("triton_red_fused__to_copy_embedding_rms_norm_0", 96.0, 3.0),       # 6 us after the first ends
+        k("l1_swiglu_wgmma_kernel", 100.0, 70.0), k("l2_wgmma_kernel", 171.0, 29.0),
+        k("triton_red_fused__to_copy_embedding_rms_norm_0", 280.0, 2.0),      # 80 us wait
+        k("argmax", 283.0, 5.0),
+    ]}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(trace))
+    st = steps(load_events(path), "embedding")
+    assert [s["step"] for s in st] == [0, 1, 2]
+    assert [s["span_us"] for s in st] == pytest.approx([90.0, 104.0, 8.0])
+    assert [s["kernel_us"] for s in st] == pytest.approx([118.0, 102.0, 7.0])
+    assert st[0]["wait_after_us"] == pytest.approx(6.0) and st[1]["wait_after_us"] == pytest.approx(80.0)
+    assert st[2]["wait_after_us"] is None
+    assert st[1]["by_kernel_us"] == {"triton_red_fused__to_copy_embedding_rms_norm_0": 3.0,
+                                     "l1_swiglu_wgmma_kernel": 70.0, "l2_wgmma_kernel": 29.0}
+    text = format_steps(st)
+    assert "3 steps" in text and "l1_swiglu_wgmma_kernel" in text.splitlines()[5]  # largest mean first
+    assert steps(load_events(path), "no such kernel") == [] and "no step" in format_steps([])
+    assert main([str(path), "--step-start", "embedding"]) == 0
+    out = capsys.readouterr().out
+    assert "GPU busy" in out and "3 steps" in out and "80.0" in out

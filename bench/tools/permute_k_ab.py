@@ -15,9 +15,6 @@ import statistics
 
 import torch
 
-from nvfp4stack.kernels.moe.hopper_w4a16.k_order import permute_k
-from nvfp4stack.kernels.moe.hopper_w4a16.k_order_triton import permute_k_triton
-
 TOKENS = (8, 32, 64, 128, 256, 512)
 BLOCKS = (128, 256)
 
@@ -51,6 +48,9 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("permute_k_ab: needs a CUDA GPU (CUDA graphs and CUDA events time the copies); nothing run")
         return 2
+    from nvfp4stack.kernels.moe.hopper_w4a16.k_order import permute_k
+    from nvfp4stack.kernels.moe.hopper_w4a16.k_order_triton import permute_k_triton
+
     gen = torch.Generator(device="cuda").manual_seed(0)
     print(f"{torch.cuda.get_device_name()} | torch {torch.__version__} | hidden {args.hidden}")
     print(f"{'T':>5} {'BK':>4} {'torch us (range)':>22} {'triton us (range)':>22} {'torch/triton':>12}  same bytes")

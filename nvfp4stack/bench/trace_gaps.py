@@ -8,10 +8,11 @@ gaps between them, summed by the pair of kernels around each gap, so that a shar
 a place in the step (between two layers' kernels, between steps, around a side stream's join).
 
 ``steps`` cuts the events into engine steps at each launch of a kernel the caller names (one that runs once a
-forward, first: the embedding's, for example): each step's span from that kernel to the last one before the
-next, the kernel time in it and the GPU's wait before the next step. That tells a decode step the GPU runs end
-to end (gaps of a few us between forwards) from one that waits on the host, and the share of a step a group of
-kernels takes (``CLI --step-start embedding``)."""
+forward, first: the embedding's, for example): each step's cycle from that kernel to the next one's launch (the
+forward, the sampling and the next step's input copies), the GPU's idle time in it and the kernel time. Decode
+steps the GPU runs back to back idle a few percent of their cycle; a host that holds a step back shows as idle
+time in the cycle before it. Also the share of a step a group of kernels takes (``CLI --step-start embedding``;
+a substring: check that the step count matches the forwards traced)."""
 from __future__ import annotations
 
 import gzip
@@ -107,33 +108,51 @@ def format_summary(s: dict) -> str:
     return "\n".join(lines)
 
 
+def _union_us(intervals: list[tuple[float, float]], lo: float, hi: float) -> float:
+    """Time in [lo, hi] covered by at least one of ``intervals`` (start, end)."""
+    busy, cur_s, cur_e = 0.0, None, None
+    for s, e in sorted((max(s, lo), min(e, hi)) for s, e in intervals if e > lo and s < hi):
+        if cur_e is None or s > cur_e:
+            busy += (cur_e - cur_s) if cur_e is not None else 0.0
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    return busy + ((cur_e - cur_s) if cur_e is not None else 0.0)
+
+
 def steps(events: list[dict], start: str) -> list[dict]:
-    """The engine steps of ``events``: one per launch of a kernel whose name contains ``start`` (the last step
-    ends with the last event); each with its span (first kernel's start to the last end), the summed kernel time
-    (concurrent streams count each) and the idle time before the next step's first kernel."""
+    """The engine steps of ``events``: one per launch of a kernel whose name contains ``start`` (a substring:
+    check that the step count is the number of forwards traced). A step's cycle runs from that launch to the
+    next one (the last step's to its last kernel's end), so it holds the step's forward, its sampling and the
+    next step's input copies; per step: the cycle, the GPU's idle time in it (the cycle less the union of the
+    GPU's activity: concurrent streams count once), the summed kernel time (streams each counted) and each
+    kernel's. Events before the first such launch belong to no step."""
     ev = sorted(events, key=lambda e: float(e["ts"]))
     firsts = [i for i, e in enumerate(ev) if start in e["name"]]
     out = []
     for n, (a, b) in enumerate(zip(firsts, firsts[1:] + [len(ev)])):
         part = ev[a:b]
         t0 = float(part[0]["ts"])
-        t1 = max(float(e["ts"]) + float(e["dur"]) for e in part)
-        nxt = float(ev[b]["ts"]) if b < len(ev) else None
+        spans = [(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in part]
+        t1 = float(ev[b]["ts"]) if b < len(ev) else max(e for _, e in spans)
         per: dict[str, float] = defaultdict(float)
         for e in part:
             per[e["name"]] += float(e["dur"])
-        out.append({"step": n, "span_us": t1 - t0, "kernel_us": sum(per.values()),
-                    "wait_after_us": (nxt - t1) if nxt is not None else None, "by_kernel_us": dict(per)})
+        cycle = t1 - t0
+        out.append({"step": n, "cycle_us": cycle, "idle_us": cycle - _union_us(spans, t0, t1),
+                    "kernel_us": sum(per.values()), "last": b == len(ev), "by_kernel_us": dict(per)})
     return out
 
 
-def format_steps(st: list[dict], top: int = 8) -> str:
-    """Per step: span, kernel time, wait before the next; then the kernels' mean time a step over all of them."""
+def format_steps(st: list[dict], top: int = 8, before: int = 0) -> str:
+    """Per step: cycle, GPU idle in it, kernel time; then each kernel's mean time a step over all the steps (prefill
+    and partial ones included). ``before``: the events that came before the first step."""
     if not st:
         return "no step: no kernel's name contains the --step-start text"
-    lines = [f"{len(st)} steps (span ms, kernel ms, GPU wait before the next step us):"]
-    lines += [f"  {s['step']:3d} {s['span_us'] / 1e3:9.2f} {s['kernel_us'] / 1e3:9.2f} "
-              + (f"{s['wait_after_us']:10.1f}" if s["wait_after_us"] is not None else "         -") for s in st]
+    lines = [f"{len(st)} steps (cycle = one step-start kernel to the next, ms; GPU idle in it, us; kernel time, ms)"
+             + (f"; {before} events before the first step left out" if before else "") + ":"]
+    lines += [f"  {s['step']:3d} {s['cycle_us'] / 1e3:9.2f} {s['idle_us']:10.1f} {s['kernel_us'] / 1e3:9.2f}"
+              + ("  (last: to its last kernel's end)" if s["last"] else "") for s in st]
     per: dict[str, float] = defaultdict(float)
     for s in st:
         for k, v in s["by_kernel_us"].items():
@@ -155,7 +174,10 @@ def main(argv: list[str] | None = None) -> int:
         ev = load_events(t)
         print(f"{t}:\n{format_summary(summarize(ev))}")
         if a.step_start:
-            print(format_steps(steps(ev, a.step_start)))
+            st = steps(ev, a.step_start)
+            first = min((float(e["ts"]) for e in ev if a.step_start in e["name"]), default=None)
+            before = sum(1 for e in ev if first is not None and float(e["ts"]) < first)
+            print(format_steps(st, before=before))
     return 0
 
 

@@ -77,30 +77,36 @@ def test_odd_events_are_read_or_left_out_not_fatal(tmp_path):
 
 
 def test_steps_cut_at_the_named_kernel_and_time_each_one(tmp_path, capsys):
-    """Two forwards of unequal length, a side stream inside the first, 6 us and 80 us waits: each step's span,
-    its kernel time (streams each counted) and the wait before the next; the CLI prints them."""
+    """Three step-start launches: a side stream inside the first cycle, a side kernel of step 1 still running when
+    step 2 starts, a pre-trace event. Each cycle runs launch to launch; its idle time is the cycle less the union
+    of the GPU's activity (streams once), clipped to the cycle; the CLI prints them and the left-out events."""
     k = lambda name, ts, dur: {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur}  # noqa: E731
+    emb = "triton_red_fused__to_copy_embedding_rms_norm_0"
     trace = {"traceEvents": [
-        k("triton_red_fused__to_copy_embedding_rms_norm_0", 0.0, 3.0),
+        k("before_any_step", -50.0, 5.0),
+        k(emb, 0.0, 3.0),                                                   # step 0: cycle 0-96
         k("l1_swiglu_wgmma_kernel", 4.0, 60.0), k("nvjet_shared", 10.0, 30.0), k("l2_wgmma_kernel", 65.0, 25.0),
-        k("triton_red_fused__to_copy_embedding_rms_norm_0", 96.0, 3.0),       # 6 us after the first ends
+        k(emb, 96.0, 3.0),                                                  # step 1: cycle 96-280
         k("l1_swiglu_wgmma_kernel", 100.0, 70.0), k("l2_wgmma_kernel", 171.0, 29.0),
-        k("triton_red_fused__to_copy_embedding_rms_norm_0", 280.0, 2.0),      # 80 us wait
-        k("argmax", 283.0, 5.0),
+        k("side_tail", 270.0, 20.0),                                        # runs past step 2's start
+        k(emb, 280.0, 2.0),                                                 # step 2: to the last end, 295
+        k("argmax", 290.0, 5.0),
     ]}
     path = tmp_path / "t.json"
     path.write_text(json.dumps(trace))
     st = steps(load_events(path), "embedding")
-    assert [s["step"] for s in st] == [0, 1, 2]
-    assert [s["span_us"] for s in st] == pytest.approx([90.0, 104.0, 8.0])
-    assert [s["kernel_us"] for s in st] == pytest.approx([118.0, 102.0, 7.0])
-    assert st[0]["wait_after_us"] == pytest.approx(6.0) and st[1]["wait_after_us"] == pytest.approx(80.0)
-    assert st[2]["wait_after_us"] is None
-    assert st[1]["by_kernel_us"] == {"triton_red_fused__to_copy_embedding_rms_norm_0": 3.0,
-                                     "l1_swiglu_wgmma_kernel": 70.0, "l2_wgmma_kernel": 29.0}
-    text = format_steps(st)
-    assert "3 steps" in text and "l1_swiglu_wgmma_kernel" in text.splitlines()[5]  # largest mean first
+    assert [s["step"] for s in st] == [0, 1, 2] and [s["last"] for s in st] == [False, False, True]
+    assert [s["cycle_us"] for s in st] == pytest.approx([96.0, 184.0, 15.0])
+    # step 0 busy 0-3, 4-64, 65-90: idle 1 + 1 + 6; step 1 busy 96-99, 100-170, 171-200, 270-280: idle 1 + 1 + 70;
+    # step 2 busy 280-282 (and side_tail's 280-290 belongs to step 1's list, not counted here), 290-295: idle 8
+    assert [s["idle_us"] for s in st] == pytest.approx([8.0, 72.0, 8.0])
+    assert [s["kernel_us"] for s in st] == pytest.approx([118.0, 122.0, 7.0])
+    assert st[1]["by_kernel_us"] == {emb: 3.0, "l1_swiglu_wgmma_kernel": 70.0, "l2_wgmma_kernel": 29.0,
+                                     "side_tail": 20.0}
+    text = format_steps(st, before=1)
+    assert "3 steps" in text and "1 events before the first step left out" in text
+    assert "l1_swiglu_wgmma_kernel" in text.splitlines()[5]  # the largest mean first
     assert steps(load_events(path), "no such kernel") == [] and "no step" in format_steps([])
     assert main([str(path), "--step-start", "embedding"]) == 0
     out = capsys.readouterr().out
-    assert "GPU busy" in out and "3 steps" in out and "80.0" in out
+    assert "GPU busy" in out and "3 steps" in out and "72.0" in out and "1 events before the first step" in out

@@ -1,11 +1,12 @@
 """``k_order.permute_k`` as one Triton launch (GPU; the Triton interpreter on CPU in CI).
 
 The wgmma decode kernels stage the activations verbatim, so the forward hands them a K-permuted copy of x
-(k_order.py). torch's strided copy of that 6-dimensional view is an element-wise TensorIterator kernel with a
-division chain per 2-byte element: 11.7 us a MoE layer for x [128, 4096] in the engine's CUDA-graph replay on
-an H200 (the torch profiler's trace, 2026-11-28), about 4% of the layer's MoE. Here each program writes
-``BLOCK`` consecutive output elements (16-byte stores) and gathers them from the real columns, which lie within
-the same ``block_k`` columns of one row (L1-cached loads). Same bytes, bit for bit: a permutation.
+(k_order.py). torch's strided copy of that 6-dimensional view is an element-wise TensorIterator kernel with index
+arithmetic per 2-byte element. Here each program writes ``BLOCK`` consecutive output elements (16-byte stores) and
+gathers them from the real columns, which lie within the same ``block_k`` columns of one row (L1-cached loads).
+Same bytes, bit for bit: a permutation. Alone on an H200 it is 1.09-1.27x torch's copy at 8-512 tokens (3.24 against
+2.79 us at 128; bench/tools/permute_k_ab.py); in the engine both run beside vLLM's shared expert on its second
+stream and take about 12 us there, so no gain in the engine is claimed (bench/RESULTS.md, fifteenth visit).
 """
 from __future__ import annotations
 

@@ -48,6 +48,20 @@ def _short(name: str, width: int = 90) -> str:
     return name if len(name) <= width else name[:width - 3] + "..."
 
 
+def _gaps(ev: list[dict]) -> tuple[list[tuple[float, str, str]], float]:
+    """The idle gaps between time-sorted ``ev`` (size, the kernel whose end opens it, the one whose start closes it)
+    and the end of the last to finish."""
+    gaps: list[tuple[float, str, str]] = []
+    cur_end, cur_name = float(ev[0]["ts"]), ev[0]["name"]
+    for e in ev:
+        ts, te = float(e["ts"]), float(e["ts"]) + float(e["dur"])
+        if ts > cur_end:   # nothing on the GPU between cur_end and ts
+            gaps.append((ts - cur_end, cur_name, e["name"]))
+        if te >= cur_end:
+            cur_end, cur_name = te, e["name"]
+    return gaps, cur_end
+
+
 def summarize(events: list[dict], top: int = 12) -> dict:
     """Busy share, largest kernels and idle gaps of ``events`` (``load_events``); ``{"events": 0}`` if none."""
     events = [e for e in events if float(e["dur"]) > 0]
@@ -55,20 +69,9 @@ def summarize(events: list[dict], top: int = 12) -> dict:
         return {"events": 0}
     ev = sorted(events, key=lambda e: (float(e["ts"]), -float(e["dur"])))
     start = float(ev[0]["ts"])
-    end = max(float(e["ts"]) + float(e["dur"]) for e in ev)
-    busy = 0.0
-    gaps: list[tuple[float, str, str]] = []
-    cur_end, cur_name = start, ev[0]["name"]
-    run_start = start
-    for e in ev:
-        ts, te = float(e["ts"]), float(e["ts"]) + float(e["dur"])
-        if ts > cur_end:   # an idle gap: nothing on the GPU between cur_end and ts
-            busy += cur_end - run_start
-            gaps.append((ts - cur_end, cur_name, e["name"]))
-            run_start = ts
-        if te >= cur_end:
-            cur_end, cur_name = te, e["name"]
-    busy += cur_end - run_start
+    gaps, end = _gaps(ev)
+    idle = sum(g for g, _, _ in gaps)
+    busy = (end - start) - idle
     per_kernel: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     for e in ev:
         k = per_kernel[e["name"]]
@@ -82,7 +85,6 @@ def summarize(events: list[dict], top: int = 12) -> dict:
         p = by_pair[(before, after)]
         p[0] += 1
         p[1] += g
-    idle = (end - start) - busy
     pairs = [{"before": _short(b, 60), "after": _short(a, 60), "count": int(c), "total_us": t,
               "share_of_idle": t / idle if idle > 0 else 0.0}
              for (b, a), (c, t) in sorted(by_pair.items(), key=lambda kv: -kv[1][1])[:top]]
@@ -108,39 +110,27 @@ def format_summary(s: dict) -> str:
     return "\n".join(lines)
 
 
-def _union_us(intervals: list[tuple[float, float]], lo: float, hi: float) -> float:
-    """Time in [lo, hi] covered by at least one of ``intervals`` (start, end)."""
-    busy, cur_s, cur_e = 0.0, None, None
-    for s, e in sorted((max(s, lo), min(e, hi)) for s, e in intervals if e > lo and s < hi):
-        if cur_e is None or s > cur_e:
-            busy += (cur_e - cur_s) if cur_e is not None else 0.0
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    return busy + ((cur_e - cur_s) if cur_e is not None else 0.0)
-
-
 def steps(events: list[dict], start: str) -> list[dict]:
     """The engine steps of ``events``: one per launch of a kernel whose name contains ``start`` (a substring:
     check that the step count is the number of forwards traced). A step's cycle runs from that launch to the
     next one (the last step's to its last kernel's end), so it holds the step's forward, its sampling and the
     next step's input copies; per step: the cycle, the GPU's idle time in it (the cycle less the union of the
-    GPU's activity: concurrent streams count once), the summed kernel time (streams each counted) and each
-    kernel's. Events before the first such launch belong to no step."""
-    ev = sorted(events, key=lambda e: float(e["ts"]))
+    GPU's activity: concurrent streams count once), the summed kernel time (streams each counted), each kernel's
+    and the step's event count. Events before the first such launch belong to no step."""
+    ev = sorted(events, key=lambda e: (float(e["ts"]), -float(e["dur"])))
     firsts = [i for i, e in enumerate(ev) if start in e["name"]]
     out = []
     for n, (a, b) in enumerate(zip(firsts, firsts[1:] + [len(ev)])):
         part = ev[a:b]
+        gaps, end = _gaps(part)
         t0 = float(part[0]["ts"])
-        spans = [(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in part]
-        t1 = float(ev[b]["ts"]) if b < len(ev) else max(e for _, e in spans)
+        t1 = float(ev[b]["ts"]) if b < len(ev) else end
         per: dict[str, float] = defaultdict(float)
         for e in part:
             per[e["name"]] += float(e["dur"])
-        cycle = t1 - t0
-        out.append({"step": n, "cycle_us": cycle, "idle_us": cycle - _union_us(spans, t0, t1),
-                    "kernel_us": sum(per.values()), "last": b == len(ev), "by_kernel_us": dict(per)})
+        # every gap lies before the next step's first launch; then the GPU idles from the last end to it, if before
+        out.append({"step": n, "cycle_us": t1 - t0, "idle_us": sum(g for g, _, _ in gaps) + max(0.0, t1 - end),
+                    "kernel_us": sum(per.values()), "events": len(part), "last": b == len(ev), "by_kernel_us": dict(per)})
     return out
 
 
@@ -175,9 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{t}:\n{format_summary(summarize(ev))}")
         if a.step_start:
             st = steps(ev, a.step_start)
-            first = min((float(e["ts"]) for e in ev if a.step_start in e["name"]), default=None)
-            before = sum(1 for e in ev if first is not None and float(e["ts"]) < first)
-            print(format_steps(st, before=before))
+            print(format_steps(st, before=len(ev) - sum(s["events"] for s in st) if st else 0))
     return 0
 
 

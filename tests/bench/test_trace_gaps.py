@@ -7,10 +7,13 @@ import pytest
 from nvfp4stack.bench.trace_gaps import format_steps, format_summary, load_events, main, steps, summarize
 
 
+def k(name: str, ts: float, dur: float, stream: int = 7) -> dict:
+    """A kernel event as CUPTI's trace writes it."""
+    return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "pid": 0, "tid": stream}
+
+
 def _trace():
     """Two streams, overlapping kernels, gaps of 1, 5, 40 and 250 us, and CPU events that must not count."""
-    k = lambda name, ts, dur, stream=7: {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur,  # noqa: E731
-                                         "pid": 0, "tid": stream}
     return {"traceEvents": [
         {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0.0, "dur": 5000.0},          # host: ignored
         {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 90.0, "dur": 3.0},
@@ -80,7 +83,6 @@ def test_steps_cut_at_the_named_kernel_and_time_each_one(tmp_path, capsys):
     """Three step-start launches: a side stream inside the first cycle, a side kernel of step 1 still running when
     step 2 starts, a pre-trace event. Each cycle runs launch to launch; its idle time is the cycle less the union
     of the GPU's activity (streams once), clipped to the cycle; the CLI prints them and the left-out events."""
-    k = lambda name, ts, dur: {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur}  # noqa: E731
     emb = "triton_red_fused__to_copy_embedding_rms_norm_0"
     trace = {"traceEvents": [
         k("before_any_step", -50.0, 5.0),

@@ -35,6 +35,16 @@ RUNS = {
     "tp2": [("flash_tp2", (4096, 1024), 256, (1, 2, 4, 8)), ("pro_tp2", (7168, 1536), 48, (1, 2, 3))],
 }
 RUNS["all"] = RUNS["full"] + RUNS["tp2"]
+RUNS["few"] = [("flash", (4096, 2048), 256, (1, 2, 4)), ("flash", (4096, 2048), 64, (1, 2)), ("pro", (7168, 3072), 48, (1, 2))]
+
+
+# TMA ring alternatives: name -> (L1 warps: 8 = 128-row tiles, 4 = 64; L2 m-tiles a warp: 2 = 128 rows, 1 = 64; slots)
+TMA = {"t4": (8, 2, 4), "t4n": (4, 1, 4), "t2n": (4, 1, 2), "t8n": (4, 1, 8), "t3": (8, 2, 3)}
+
+
+# L2 tiles of other shapes (same block_k, prefetch and split: the same bits): name -> (warps, m-tiles a warp)
+L2_TILES = {"l2m1": (4, 1), "l2w8": (8, 1), "l2w2": (2, 2)}
+L1_TILES = {"l1w4": (4, 1), "l1m2": (4, 2)}
 
 
 def alternatives(top_k: int, tokens: int, experts: int, hidden: int, inter: int, sms: int) -> dict:
@@ -49,12 +59,20 @@ def alternatives(top_k: int, tokens: int, experts: int, hidden: int, inter: int,
             "s2p2": (replace(l1, split_k=2), replace(l2p2, split_k=2)),
             "l1p1": tc.fill_split((replace(l1, prefetch=1), l2p2), tokens * top_k, experts, hidden, inter, sms),
             "l1p2": tc.fill_split((replace(l1, prefetch=2), l2p2), tokens * top_k, experts, hidden, inter, sms)}
+    p2 = alts["p2"]
+    for name, (w2, m2) in L2_TILES.items():  # the pick's pair and splits, L2's rows over other warps and m-tiles
+        alts[name] = (p2[0], replace(p2[1], num_warps=w2, mrep=m2))
+    for name, (w1, m1) in L1_TILES.items():
+        alts[name] = (replace(p2[0], num_warps=w1, mrep=m1), p2[1])
+    for name, (w1, m2, slots) in TMA.items():  # the TMA ring (_decode_tma.py), split as fill_split picks
+        alts[name] = tc.fill_split((replace(l1, num_warps=w1, tma=slots), replace(l2, mrep=m2, prefetch=0, tma=slots)),
+                                   tokens * top_k, experts, hidden, inter, sms)
     return {n: p for n, p in alts.items() if all(c.fits(hidden, inter) for c in p)}
 
 
 def main() -> int:
     from nvfp4stack.bench.cold_l2 import cold_time_us, flush_buffer
-    from nvfp4stack.bench.moe_few_tokens import call_inputs
+    from nvfp4stack.bench.moe_few_tokens import call_inputs, hbm_peak_tbs
     from nvfp4stack.bench.moe_kernel import random_tiled_experts
     from nvfp4stack.kernels.moe.hopper_w4a16 import fused_moe as fm
 
@@ -75,6 +93,7 @@ def main() -> int:
     flush = flush_buffer(dev)
     sms = fm.sm_count(dev)
     top_k = 6
+    peak = hbm_peak_tbs(torch.cuda.get_device_name()) or float("nan")
     print(torch.cuda.get_device_name(), torch.__version__, f"rounds {a.rounds}", flush=True)
     for shape, (hidden, inter), experts, counts in RUNS[a.runs]:
         g = torch.Generator(device=dev).manual_seed(0)
@@ -96,7 +115,10 @@ def main() -> int:
                 picked = fm.pick_call(fm.routed_rows_per_expert(t, top_k, experts), t * top_k, experts, hidden, inter,
                                       fm.decode_available(dev), sms)
                 label = "ring" if picked[0].wgmma else f"pair s{picked[0].split_k}s{picked[1].split_k}"
-                cells = " | ".join(f"{n} {med[n]:6.1f} [{min(times[n]):.1f}-{max(times[n]):.1f}]"
+                active = int(torch.unique(ids).numel())
+                nbytes = active * 3 * hidden * inter * (1 / 2 + 1 / 16)  # packed codes + e4m3 scales of w13 and w2
+                cells = " | ".join(f"{n} {med[n]:6.1f} [{min(times[n]):.1f}-{max(times[n]):.1f}] "
+                                   f"{100 * nbytes / med[n] / 1e6 / peak:.0f}%HBM"
                                    + ("" if n == "pick" else f" {med['pick'] / med[n]:.2f}x d={diff[n]:.0e}")
                                    for n in runs)
                 print(f"{shape}{experts} {kind:7s} T={t:2d} rows/exp={t * top_k / experts:.3f} pick={label} | {cells}",

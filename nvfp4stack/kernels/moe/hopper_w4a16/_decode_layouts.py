@@ -14,6 +14,29 @@ def _bits(n: int) -> list[int]:
     return out
 
 
+def _w_bases(num_warps: int, mrep: int, block_k: int, unit: int = 1) -> dict:
+    """Bases of the weight tile's layout [rows, block_k/2/unit] in units of ``unit`` bytes (1: bytes, 4: int32 words):
+    each thread block_k/8 consecutive bytes of rows r and r + 8 (a lane quad spans the K step, 8 quads 8 rows),
+    16-row tiles over warps, then over mrep."""
+    per = block_k // 8 // unit
+    return dict(reg_bases=[[0, b] for b in _bits(per)] + [[8, 0]] + [[16 * num_warps * m, 0] for m in _bits(mrep)],
+                lane_bases=[[0, per], [0, 2 * per], [1, 0], [2, 0], [4, 0]],
+                warp_bases=[[16 * w, 0] for w in _bits(num_warps)])
+
+
+def line_layout(num_warps: int, mrep: int, block_k: int):
+    """The weight words' layout (decode_layouts' w32) over a TMA ring slot [rows/64 * block_k/2, 16] of int32: line
+    (the row block * block_k/2 + the K step's atom * 64 + the row in its block; a line is 64 bytes, tiles.py), word
+    in the line, so that a slot loaded in it and reshaped to [rows, block_k/8] (_decode_tma) is w32 with no data
+    movement. Words, not bytes: a byte tensor loaded from shared memory takes a register a byte."""
+    def line(basis):
+        r, c = basis
+        return [(r // 64) * (block_k // 2) + (c // 16) * 64 + r % 64, c % 16]
+
+    bases = {k: [line(b) for b in v] for k, v in _w_bases(num_warps, mrep, block_k, 4).items()}
+    return gl.DistributedLinearLayout(**bases, block_bases=[], shape=[16 * num_warps * mrep // 64 * block_k // 2, 16])
+
+
 def decode_layouts(num_warps: int, mrep: int, block_t: int, block_k: int, prefetch: int = 0):
     """Register layouts (Gluon) for one CTA of ``num_warps`` warps, each warp ``mrep`` 16-row tiles.
 
@@ -26,11 +49,7 @@ def decode_layouts(num_warps: int, mrep: int, block_t: int, block_k: int, prefet
     mma = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, 8])
     rep_rows = [[16 * num_warps * m, 0] for m in _bits(mrep)]
     warps2 = [[16 * w, 0] for w in _bits(num_warps)]
-    w_bytes = gl.DistributedLinearLayout(
-        reg_bases=[[0, b] for b in _bits(bpt)] + [[8, 0]] + rep_rows,
-        lane_bases=[[0, bpt], [0, 2 * bpt], [1, 0], [2, 0], [4, 0]],
-        warp_bases=warps2, block_bases=[], shape=[rows, block_k // 2],
-    )
+    w_bytes = gl.DistributedLinearLayout(**_w_bases(num_warps, mrep, block_k), block_bases=[], shape=[rows, block_k // 2])
     nbt = block_k // 64  # scale blocks per thread per row
     w_blocks = gl.DistributedLinearLayout(
         reg_bases=[[0, 0, 1], [0, 0, 2], [0, 0, 4]] + [[0, b, 0] for b in _bits(nbt)] + [[8, 0, 0]]
@@ -44,10 +63,6 @@ def decode_layouts(num_warps: int, mrep: int, block_t: int, block_k: int, prefet
         warp_bases=[[0, 0] for _ in _bits(num_warps)], block_bases=[], shape=[block_t, block_k],
     )
     # the weight tile as 32-bit words (register-prefetch variants, prefetch 1 and 2)
-    w32 = gl.DistributedLinearLayout(
-        reg_bases=[[0, b] for b in _bits(bpt // 4)] + [[8, 0]] + rep_rows,
-        lane_bases=[[0, bpt // 4], [0, bpt // 2], [1, 0], [2, 0], [4, 0]],
-        warp_bases=warps2, block_bases=[], shape=[rows, block_k // 8],
-    )
+    w32 = gl.DistributedLinearLayout(**_w_bases(num_warps, mrep, block_k, 4), block_bases=[], shape=[rows, block_k // 8])
     extra = (w32,) if prefetch in (1, 2) else None
     return mma, w_bytes, w_blocks, x, extra

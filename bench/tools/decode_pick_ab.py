@@ -5,7 +5,9 @@ For each shape, routing (uniform, Zipf-1.1) and token count, the pick (``fused_m
 no override: ``pick_call``, split-K as ``fill_split`` chooses) and every alternative are timed in ``--rounds``
 rounds in turn (cold L2, CUDA-graph replay: nvfp4stack.bench.cold_l2), tiled weights as the backend prepares them on
 sm90. A line gives each pair's median, range and speed-up over the pick, and each alternative's relative
-difference to the pick's output (split-K and the ring sum in another order: about 1e-3, never more than 1e-2).
+difference to the pick's output (split-K and the ring sum in another order: about 1e-3, never more than 1e-2), and
+each pair's share of HBM: the routed experts' packed weights and scales over its median time, against the GPU's
+nominal bandwidth (moe_few_tokens.HBM_PEAK_TBS).
 Alternatives:
   ring   the 16-token wgmma ring (tile_choice._DECODE_T16_RING), as the heuristic runs from 0.5 rows;
   p1     the 8-token pair (_DECODE_FEW) with L2 at prefetch 1 (its activations loaded where they are used: the
@@ -14,9 +16,13 @@ Alternatives:
   s2p2   the prefetch-2 pair split in 2 K runs, whatever fill_split would pick;
   l1p1   the prefetch-2 pair with L1's next K step's weights prefetched too (L1 prefetch 1; more registers: fewer
          programs an SM), split as fill_split picks;
-  l1p2   the same with L1 at prefetch 2 (its activations too).
+  l1p2   the same with L1 at prefetch 2 (its activations too);
+  l2m1, l2w8, l2w2   the prefetch-2 pair (p2, its splits) with L2's rows over 4 warps x 1 m-tile (64 rows), 8 x 1
+         (128) or 2 x 2 (64): the same bits, other grids and warps an SM;
+  l1w4, l1m2   the same with L1's over 4 warps x 1 m-tile (64 rows) or 4 x 2 (128).
 
-Usage (repo root, GPU host): python3 bench/tools/decode_pick_ab.py [--rounds 3] [--runs full|tp2|all] [--only p1,ring]
+Usage (repo root, GPU host): python3 bench/tools/decode_pick_ab.py [--rounds 3] [--runs full|tp2|few|all]
+[--only p1,ring]  (few: Flash 256 at 1, 2 and 4 tokens, Flash 64 and Pro 48 at 1 and 2)
 """
 from __future__ import annotations
 
@@ -35,16 +41,12 @@ RUNS = {
     "tp2": [("flash_tp2", (4096, 1024), 256, (1, 2, 4, 8)), ("pro_tp2", (7168, 1536), 48, (1, 2, 3))],
 }
 RUNS["all"] = RUNS["full"] + RUNS["tp2"]
-RUNS["few"] = [("flash", (4096, 2048), 256, (1, 2, 4)), ("flash", (4096, 2048), 64, (1, 2)), ("pro", (7168, 3072), 48, (1, 2))]
-
-
-# TMA ring alternatives: name -> (L1 warps: 8 = 128-row tiles, 4 = 64; L2 m-tiles a warp: 2 = 128 rows, 1 = 64; slots)
-TMA = {"t4": (8, 2, 4), "t4n": (4, 1, 4), "t2n": (4, 1, 2), "t8n": (4, 1, 8), "t3": (8, 2, 3)}
-
+RUNS["few"] = [("flash", (4096, 2048), 256, (1, 2, 4)), ("flash", (4096, 2048), 64, (1, 2)),
+               ("pro", (7168, 3072), 48, (1, 2))]
 
 # L2 tiles of other shapes (same block_k, prefetch and split: the same bits): name -> (warps, m-tiles a warp)
 L2_TILES = {"l2m1": (4, 1), "l2w8": (8, 1), "l2w2": (2, 2)}
-L1_TILES = {"l1w4": (4, 1), "l1m2": (4, 2)}
+L1_TILES = {"l1w4": (4, 1), "l1m2": (4, 2)}  # the same for L1
 
 
 def alternatives(top_k: int, tokens: int, experts: int, hidden: int, inter: int, sms: int) -> dict:
@@ -64,9 +66,6 @@ def alternatives(top_k: int, tokens: int, experts: int, hidden: int, inter: int,
         alts[name] = (p2[0], replace(p2[1], num_warps=w2, mrep=m2))
     for name, (w1, m1) in L1_TILES.items():
         alts[name] = (replace(p2[0], num_warps=w1, mrep=m1), p2[1])
-    for name, (w1, m2, slots) in TMA.items():  # the TMA ring (_decode_tma.py), split as fill_split picks
-        alts[name] = tc.fill_split((replace(l1, num_warps=w1, tma=slots), replace(l2, mrep=m2, prefetch=0, tma=slots)),
-                                   tokens * top_k, experts, hidden, inter, sms)
     return {n: p for n, p in alts.items() if all(c.fits(hidden, inter) for c in p)}
 
 

@@ -24,19 +24,6 @@ def _w_bases(num_warps: int, mrep: int, block_k: int, unit: int = 1) -> dict:
                 warp_bases=[[16 * w, 0] for w in _bits(num_warps)])
 
 
-def line_layout(num_warps: int, mrep: int, block_k: int):
-    """The weight words' layout (decode_layouts' w32) over a TMA ring slot [rows/64 * block_k/2, 16] of int32: line
-    (the row block * block_k/2 + the K step's atom * 64 + the row in its block; a line is 64 bytes, tiles.py), word
-    in the line, so that a slot loaded in it and reshaped to [rows, block_k/8] (_decode_tma) is w32 with no data
-    movement. Words, not bytes: a byte tensor loaded from shared memory takes a register a byte."""
-    def line(basis):
-        r, c = basis
-        return [(r // 64) * (block_k // 2) + (c // 16) * 64 + r % 64, c % 16]
-
-    bases = {k: [line(b) for b in v] for k, v in _w_bases(num_warps, mrep, block_k, 4).items()}
-    return gl.DistributedLinearLayout(**bases, block_bases=[], shape=[16 * num_warps * mrep // 64 * block_k // 2, 16])
-
-
 def decode_layouts(num_warps: int, mrep: int, block_t: int, block_k: int, prefetch: int = 0):
     """Register layouts (Gluon) for one CTA of ``num_warps`` warps, each warp ``mrep`` 16-row tiles.
 

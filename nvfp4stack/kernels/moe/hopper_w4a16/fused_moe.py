@@ -281,11 +281,6 @@ def _launch_gemms(cfg1, cfg2, l1_args: tuple, l2_args: tuple, nblocks: int, inte
             from nvfp4stack.kernels.moe.hopper_w4a16 import _decode_wgmma as kernels
 
             kernels.launch(cfg1, cfg2, l1_args, l2_args, nblocks, inter, hidden, limit, has_limit, tiled)
-        elif cfg1.tma and cfg2.tma and tiled:
-            from nvfp4stack.kernels.moe.hopper_w4a16 import _decode_tma as kernels
-
-            kernels.launch(cfg1, cfg2, l1_args, l2_args, nblocks, inter, hidden, limit, has_limit, rows_split_stride,
-                           fused_sum, pdl=pdl_path(cfg1))
         else:
             from nvfp4stack.kernels.moe.hopper_w4a16 import _decode_gluon as kernels
 

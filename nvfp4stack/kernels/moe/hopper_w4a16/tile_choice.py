@@ -74,10 +74,6 @@ class DecodeConfig:
     # SM where the grid has more than fit (e.g. 80 at 256 threads: 3 CTAs, where the prefetch-2 L1 tile at BK 256
     # takes 101 registers uncapped, 2 CTAs; Triton 3.6)
     maxnreg: int = 0
-    # mma.sync tiles only: the weight tiles come by TMA into a shared-memory ring of ``tma`` K steps (_decode_tma.py;
-    # the tiled layout, 64-row blocks, whole 64-byte atoms: rows and block_k multiples of 64 and 128), scales and
-    # activations one K step ahead in registers; 0: the register loads of ``prefetch``. Same bits either way.
-    tma: int = 0
 
     @property
     def rows(self) -> int:
@@ -124,11 +120,6 @@ class DecodeConfig:
         if self.split_k not in (1, 2, 4, 8) or (self.split_k > 1 and self.wgmma):
             raise ValueError(f"DecodeConfig: split_k (K runs per tile, each its own CTA) is 1, 2, 4 or 8, and more "
                              f"than 1 on the mma.sync tiles (wgmma 0) only; got {self}")
-        if self.tma and (self.wgmma or self.prefetch or self.maxnreg or self.tma not in (2, 3, 4, 6, 8)
-                         or self.rows % 64 or self.block_k % 128):
-            raise ValueError(f"DecodeConfig: tma (TMA ring slots) is 0, or 2, 3, 4, 6 or 8 on an mma.sync tile (wgmma "
-                             f"0) with prefetch 0 and no register cap, rows (16 * num_warps * mrep) a multiple of 64 "
-                             f"and block_k of 128; got {self}")
         round_bytes = self.ring_slots * self.block_k // 16
         if self.wgmma == 3 and (round_bytes % 16 or (round_bytes // 16) & (round_bytes // 16 - 1)):
             raise ValueError(f"DecodeConfig: the ring (wgmma 3) copies each row's scales of one round of "

@@ -32,7 +32,6 @@ def decode_layouts(num_warps: int, mrep: int, block_t: int, block_k: int, prefet
     """
     assert block_k % 64 == 0 and block_t in (8, 16, 32)
     rows = 16 * num_warps * mrep
-    bpt = block_k // 8  # weight bytes per thread per row
     mma = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, 8])
     rep_rows = [[16 * num_warps * m, 0] for m in _bits(mrep)]
     warps2 = [[16 * w, 0] for w in _bits(num_warps)]

@@ -71,7 +71,7 @@ def alternatives(top_k: int, tokens: int, experts: int, hidden: int, inter: int,
 
 def main() -> int:
     from nvfp4stack.bench.cold_l2 import cold_time_us, flush_buffer
-    from nvfp4stack.bench.moe_few_tokens import call_inputs, hbm_peak_tbs
+    from nvfp4stack.bench.moe_few_tokens import call_inputs, expert_bytes, hbm_peak_tbs
     from nvfp4stack.bench.moe_kernel import random_tiled_experts
     from nvfp4stack.kernels.moe.hopper_w4a16 import fused_moe as fm
 
@@ -97,6 +97,7 @@ def main() -> int:
     for shape, (hidden, inter), experts, counts in RUNS[a.runs]:
         g = torch.Generator(device=dev).manual_seed(0)
         t13, t2 = random_tiled_experts(experts, hidden, inter, dev, g)
+        per_expert = expert_bytes(t13, t2)
         for kind in ("uniform", "zipf"):
             for t in counts:
                 ids, wts, x = call_inputs(t, experts, top_k, hidden, kind, g, dev)
@@ -114,8 +115,7 @@ def main() -> int:
                 picked = fm.pick_call(fm.routed_rows_per_expert(t, top_k, experts), t * top_k, experts, hidden, inter,
                                       fm.decode_available(dev), sms)
                 label = "ring" if picked[0].wgmma else f"pair s{picked[0].split_k}s{picked[1].split_k}"
-                active = int(torch.unique(ids).numel())
-                nbytes = active * 3 * hidden * inter * (1 / 2 + 1 / 16)  # packed codes + e4m3 scales of w13 and w2
+                nbytes = int(torch.unique(ids).numel()) * per_expert
                 cells = " | ".join(f"{n} {med[n]:6.1f} [{min(times[n]):.1f}-{max(times[n]):.1f}] "
                                    f"{100 * nbytes / med[n] / 1e6 / peak:.0f}%HBM"
                                    + ("" if n == "pick" else f" {med['pick'] / med[n]:.2f}x d={diff[n]:.0e}")

@@ -39,6 +39,12 @@ def hbm_peak_tbs(device_name: str) -> float | None:
     return next((tbs for key, tbs in HBM_PEAK_TBS if key in device_name), None)
 
 
+def expert_bytes(w13, w2) -> int:
+    """HBM bytes one routed expert's weights take (w13 and w2: packed codes and e4m3 scales), the "% of HBM" numerator
+    per active expert."""
+    return sum(t.data[0].numel() * t.data.element_size() + t.scale[0].numel() * t.scale.element_size() for t in (w13, w2))
+
+
 def routing(tokens: int, experts: int, top_k: int, kind: str, gen: torch.Generator, device) -> torch.Tensor:
     """[tokens, top_k] distinct experts per token: uniform, or Zipf (exponent 1.1) over experts."""
     if kind == "uniform":
@@ -113,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     w13 = random_nvfp4_experts(e, 2 * inter, hidden, dev, gen)
     w2 = random_nvfp4_experts(e, hidden, inter, dev, gen)
     w13t, w2t = dequant_all(w13).transpose(1, 2), dequant_all(w2).transpose(1, 2)
-    per_expert_bytes = sum((t.data[0].numel() + t.scale[0].numel()) for t in (w13, w2))
+    per_expert_bytes = expert_bytes(w13, w2)
     peak = hbm_peak_tbs(torch.cuda.get_device_name())
     print(f"{a.shape} {hidden}x{inter}, {e} experts, top-{k}, seed={seed}, {torch.cuda.get_device_name()}, "
           f"HBM peak {'unknown (no % column)' if peak is None else f'{peak} TB/s (nominal)'}")

@@ -77,3 +77,16 @@ def test_the_sweep_labels_tell_the_register_cap_and_prefetch_apart():
     capped = (DecodeConfig(8, 1, 256, 8, 2, split_k=2, maxnreg=80), DecodeConfig(8, 2, 128, 4, 2, split_k=2))
     assert _short(capped) == "gluon t8/m1/k256/w8/p2/sk2/r80+gluon t8/m2/k128/w4/p2/sk2"
     assert _short((DecodeConfig(8, 1, 256, 8, 2, split_k=2),) * 2) == "gluon t8/m1/k256/w8/p2/sk2"
+
+
+def test_expert_bytes_are_the_packed_codes_and_scales_of_both_weights():
+    """The "% of HBM" numerator per active expert (moe_few_tokens and bench/tools/decode_pick_ab.py): 4 bits a weight
+    and one e4m3 scale a 16 of w13 [2I, H] and w2 [H, I], tiled or not."""
+    from nvfp4stack.bench.moe_kernel import random_nvfp4_experts, random_tiled_experts
+
+    hidden, inter = 256, 128
+    want = 3 * hidden * inter // 2 + 3 * hidden * inter // 16
+    g = torch.Generator().manual_seed(0)
+    assert mf.expert_bytes(*random_tiled_experts(4, hidden, inter, "cpu", g)) == want
+    rows = (random_nvfp4_experts(4, 2 * inter, hidden, "cpu", g), random_nvfp4_experts(4, hidden, inter, "cpu", g))
+    assert mf.expert_bytes(*rows) == want

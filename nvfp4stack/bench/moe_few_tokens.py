@@ -5,7 +5,7 @@
 triton only). ``--rows`` gives average routed rows per expert (tokens = ceil(rows x experts / top_k)). At
 batch 1-10 with the Flash shape's 64 local experts and top-6 most experts get no token, a load that
 ``bench.moe_kernel`` (every expert ``n`` rows) never shows. Per load it times, with CUDA-graph
-replay and, by default, the L2 flushed before every call on every side (bench/cold_l2.py), the
+replay and, by default, the L2 flushed before every call on every side (nvfp4stack/bench/cold_l2.py), the
 tiles the forward picks, every decode tile candidate that fits the shape, the Triton
 path, and bf16 ``torch._grouped_mm`` on the same routing (gather, two grouped GEMMs, SwiGLU), and
 prints us and TB/s on the NVFP4 bytes of the experts that received tokens. Where vLLM for CUDA is
@@ -73,9 +73,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--tokens", default="1,2,4,8,16")
     ap.add_argument("--rows", default=None,
                     help="average routed rows per expert, e.g. 1,2,4,8,16 (instead of --tokens)")
-    ap.add_argument("--l2", choices=("cold", "warm"), default="cold",
-                    help="cold: flush the L2 before every timed call (weights come from HBM, as in a "
-                         "real decode step); warm: back-to-back graph replays")
+    ap.add_argument("--l2", choices=("cold", "cold-dirty", "warm"), default="cold",
+                    help="cold: flush the L2 before every timed call by reading a buffer 4x its size (weights "
+                         "come from HBM, the L2 left clean, as in a real decode step); cold-dirty: flush by "
+                         "zeroing that buffer (the L2 left dirty: its write-back shares the call's bandwidth; "
+                         "the figures before 2026-11-29); warm: back-to-back graph replays")
     ap.add_argument("--routing", default="uniform,zipf")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--marlin", choices=("auto", "on", "off"), default="auto",
@@ -151,10 +153,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"moe_few_tokens: --humming on, but {why}")
             return 2
         print(f"humming column: {why if ok else 'left out: ' + why}")
-    flush = flush_buffer(dev) if a.l2 == "cold" else None
+    flush = flush_buffer(dev) if a.l2 != "warm" else None
 
     def timed(fn, rep: int = 60) -> float:  # ms
-        return cold_time_us(fn, flush) / 1e3 if flush is not None else _time_ms(fn, True, rep=rep)
+        if flush is None:
+            return _time_ms(fn, True, rep=rep)
+        return cold_time_us(fn, flush, dirty=a.l2 == "cold-dirty") / 1e3
 
     print(f"timing: CUDA-graph replay, L2 {a.l2}")
     summary, bad = [], []

@@ -22,7 +22,9 @@ from pathlib import Path
 from nvfp4stack.bundle.install import FORMAT, MANIFEST, chunk_digest, sha256_file
 
 MiB = 1 << 20
-DEFAULT_CHUNK_MIB = 56   # a chunk travels with the working tree, 64 MiB a run: room for a ~6 MiB tree
+# a chunk travels with the working tree, 64 MiB a run: 48 leaves room for a tree up to ~15 MiB (56 stopped fitting
+# when the tree passed 7.5 MiB, 2026-11-29; tests/bundle/test_chunk_size.py keeps the margin)
+DEFAULT_CHUNK_MIB = 48
 # pip matches platform tags exactly: every glibc level up to the GPU hosts' (Ubuntu 24.04: 2.39)
 PLATFORMS = (*(f"manylinux_2_{n}_x86_64" for n in range(39, 4, -1)), "manylinux2014_x86_64",
              "manylinux2010_x86_64", "manylinux1_x86_64", "linux_x86_64")

@@ -57,6 +57,7 @@ def test_rows_give_the_batch_that_reaches_each_average_and_l2_is_cold_by_default
     a = mf.parser().parse_args(["--rows", "1,2"])
     assert a.l2 == "cold" and a.rows == "1,2"
     assert mf.parser().parse_args(["--l2", "warm"]).l2 == "warm"
+    assert mf.parser().parse_args(["--l2", "cold-dirty"]).l2 == "cold-dirty"  # the zeroing flush of older figures
     with pytest.raises(SystemExit):
         mf.parser().parse_args(["--l2", "lukewarm"])
 

@@ -12,14 +12,18 @@ Alternatives:
   ring   the 16-token wgmma ring (tile_choice._DECODE_T16_RING), as the heuristic runs from 0.5 rows;
   p1     the 8-token pair (_DECODE_FEW) with L2 at prefetch 1 (its activations loaded where they are used: the
          pair until 2026-11-28), split as fill_split picks;
-  p2     the same pair with L2 at prefetch 2 (the next step's activations loaded with its weights: the pair since);
+  p2     the same pair with L2 at prefetch 2 (the next step's activations loaded with its weights: the pick from
+         2026-11-28; since 2026-11-29 the pick's L1 is l1p1r80's where its launch fits 3 CTAs an SM);
   s2p2   the prefetch-2 pair split in 2 K runs, whatever fill_split would pick;
   l1p1   the prefetch-2 pair with L1's next K step's weights prefetched too (L1 prefetch 1; more registers: fewer
          programs an SM), split as fill_split picks;
   l1p2   the same with L1 at prefetch 2 (its activations too);
   l2m1, l2w8, l2w2   the prefetch-2 pair (p2, its splits) with L2's rows over 4 warps x 1 m-tile (64 rows), 8 x 1
          (128) or 2 x 2 (64): the same bits, other grids and warps an SM;
-  l1w4, l1m2   the same with L1's over 4 warps x 1 m-tile (64 rows) or 4 x 2 (128).
+  l1w4, l1m2   the same with L1's over 4 warps x 1 m-tile (64 rows) or 4 x 2 (128);
+  l1k128p1, l1p1r80, l1k128p2r80   the prefetch-2 pair with L1's next K step in registers at a size that keeps its
+         one-token grid resident (3+ CTAs an SM): BK 128 at prefetch 1 (57 registers, Triton 3.6), BK 256 at prefetch 1
+         capped at 80 registers (no spill), BK 128 at prefetch 2 capped at 80; split as fill_split picks.
 
 Usage (repo root, GPU host): python3 bench/tools/decode_pick_ab.py [--rounds 3] [--runs full|tp2|few|all]
 [--only p1,ring]  (few: Flash 256 at 1, 2 and 4 tokens, Flash 64 and Pro 48 at 1 and 2)
@@ -47,6 +51,9 @@ RUNS["few"] = [("flash", (4096, 2048), 256, (1, 2, 4)), ("flash", (4096, 2048), 
 # L2 tiles of other shapes (same block_k, prefetch and split: the same bits): name -> (warps, m-tiles a warp)
 L2_TILES = {"l2m1": (4, 1), "l2w8": (8, 1), "l2w2": (2, 2)}
 L1_TILES = {"l1w4": (4, 1), "l1m2": (4, 2)}  # the same for L1
+# L1 with its next K step prefetched at a register count whose CTAs fit 3 or more an SM: name -> DecodeConfig fields
+L1_PREFETCH = {"l1k128p1": dict(block_k=128, prefetch=1), "l1p1r80": dict(prefetch=1, maxnreg=80),
+               "l1k128p2r80": dict(block_k=128, prefetch=2, maxnreg=80)}
 
 
 def alternatives(top_k: int, tokens: int, experts: int, hidden: int, inter: int, sms: int) -> dict:
@@ -66,6 +73,8 @@ def alternatives(top_k: int, tokens: int, experts: int, hidden: int, inter: int,
         alts[name] = (p2[0], replace(p2[1], num_warps=w2, mrep=m2))
     for name, (w1, m1) in L1_TILES.items():
         alts[name] = (replace(p2[0], num_warps=w1, mrep=m1), p2[1])
+    for name, fields in L1_PREFETCH.items():
+        alts[name] = tc.fill_split((replace(l1, **fields), l2p2), tokens * top_k, experts, hidden, inter, sms)
     return {n: p for n, p in alts.items() if all(c.fits(hidden, inter) for c in p)}
 
 

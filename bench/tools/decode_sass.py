@@ -2,8 +2,9 @@
 picks, compiled for sm90 by this host's Triton as a GPU host's JIT builds them (tests/support/decode_compile.py:
 tiled weights, PDL on, pointers and strides known divisible by 16).
 
-Pairs (tile_choice): ``one token``, _DECODE_FEW split in 2 K runs (fill_split's pick at one token of Flash 256),
-with the top-k sum in L2; ``few tokens``, _DECODE_FEW unsplit; ``16 tokens``, _DECODE_T16 (the ring's fallback).
+Pairs (tile_choice): ``one token``, pick_call's pair at one token of Flash 256 on 132 SMs (_DECODE_FEW split in 2 K
+runs, L1 at prefetch 1 under 80 registers: prefetch_l1), with the top-k sum in L2; ``few tokens``, _DECODE_FEW
+unsplit; ``16 tokens``, _DECODE_T16 (the ring's fallback).
 A row per kernel gives:
   regs      registers a thread (cuobjdump --dump-resource-usage);
   loop      SASS instructions of the K loop, one K step (the instructions the longest backward branch spans;
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -31,9 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 def pairs() -> dict:
     """name -> ((L1, L2) DecodeConfigs, L2's FUSE_SUM), the decode pairs the heuristic picks."""
-    from nvfp4stack.kernels.moe.hopper_w4a16.tile_choice import _DECODE_FEW, _DECODE_T16
+    from nvfp4stack.kernels.moe.hopper_w4a16.tile_choice import _DECODE_FEW, _DECODE_T16, pick_call
 
-    return {"one token": (tuple(replace(c, split_k=2) for c in _DECODE_FEW), True),
+    return {"one token": (pick_call(6 / 256, 6, 256, 4096, 2048, True, 132), True),
             "few tokens": (_DECODE_FEW, False), "16 tokens": (_DECODE_T16, False)}
 
 

@@ -121,10 +121,11 @@ def loads(mix: dict | None) -> dict | None:
 
 
 def pairs() -> dict:
-    from nvfp4stack.kernels.moe.hopper_w4a16.tile_choice import _DECODE_FEW, _DECODE_T16, DecodeConfig
+    from nvfp4stack.kernels.moe.hopper_w4a16.tile_choice import _DECODE_FEW, _DECODE_T16, DecodeConfig, pick_call
 
     return {
-        "one token (split 2, top-k sum in L2)": tuple(replace(c, split_k=2) for c in _DECODE_FEW),
+        # what the forward picks at one token of Flash 256/top-6 on 132 SMs: split 2, L1 at prefetch 1 capped
+        "one token (split 2, top-k sum in L2)": pick_call(6 / 256, 6, 256, 4096, 2048, True, 132),
         "few tokens": _DECODE_FEW,
         "L2 at prefetch 1": (_DECODE_FEW[0], replace(_DECODE_FEW[1], prefetch=1)),
         "16-token pair": _DECODE_T16,
@@ -151,7 +152,9 @@ def main() -> int:
             out[name] = {"bytes": [len(c1), len(c2)], "registers": [registers(c1), registers(c2)],
                          "caps": [l1.maxnreg, l2.maxnreg], "loop": [m and m["total"] for m in mixes],
                          "loads": [loads(m) for m in mixes],
-                         "mma": [mmas(m) for m in mixes]}
+                         "mma": [mmas(m) for m in mixes],
+                         "spills": [m and sum(n for op, n in m["ops"].items() if op.startswith(("STL", "LDL")))
+                                    for m in mixes]}
             if l1.maxnreg:   # the same L1 with a cap of 64 and with none
                 out[name]["cap64_and_free"] = [registers(compile_cubin(dg.l1_swiglu_decode_kernel, replace(l1, maxnreg=n),
                                                                        HAS_LIMIT=True)) for n in (64, 0)]

@@ -200,6 +200,36 @@ def test_fill_split_cuts_under_filled_decode_launches():
     assert splits(600, 1024, 512, pair=t16, experts=8) == [1, 1]
 
 
+def test_prefetch_l1_where_the_capped_launch_fits_the_gpu_at_once():
+    """tile_choice.prefetch_l1: the few-token pair's L1 at prefetch 1 under 80 registers where its launch fits 3 CTAs
+    an SM (H200, 132 SMs: 396), the measured wins and losses of 2026-11-29; the L2 tile and the splits untouched."""
+    from nvfp4stack.kernels.moe.hopper_w4a16.tile_choice import (
+        _DECODE_FEW,
+        _DECODE_T16_RING,
+        L1_PREFETCH_MAXNREG,
+        fill_split,
+        pick_call,
+        prefetch_l1,
+    )
+
+    def l1(slots, experts, hidden, inter, sms=132):
+        c = pick_call(slots / experts, slots, experts, hidden, inter, True, sms)[0]
+        return c.prefetch, c.maxnreg, c.split_k
+
+    on, off = (1, L1_PREFETCH_MAXNREG), (0, 0)
+    assert l1(6, 256, 4096, 2048) == (*on, 2)  # Flash one token: 6 blocks x 32 n-tiles x split 2 = 384 CTAs
+    assert l1(12, 256, 4096, 2048) == (*on, 1)  # two tokens: 384
+    assert l1(6, 48, 7168, 3072) == (*on, 1)  # Pro one token: 288
+    assert l1(12, 48, 7168, 3072) == (*off, 1)  # Pro two tokens: 480, measured 0.88x
+    assert l1(24, 256, 4096, 2048) == (*off, 1)  # Flash four tokens: 768
+    assert l1(6, 256, 4096, 2048, sms=114) == (*off, 2)  # 384 CTAs do not fit 114 SMs x 3
+    assert l1(6, 256, 4096, 2048, sms=0) == (*off, 1)  # no GPU figure: as picked
+    few = pick_call(6 / 256, 6, 256, 4096, 2048, True, 132)
+    assert few[1] == fill_split(_DECODE_FEW, 6, 256, 4096, 2048, 132)[1]  # L2 as fill_split gives it
+    assert prefetch_l1(_DECODE_T16_RING, 1, 256, 4096, 132) == _DECODE_T16_RING  # other pairs as they are
+    assert prefetch_l1(few, 6, 256, 2048, 132) == few  # already prefetching: as it is
+
+
 def test_split_k_config_is_checked():
     from nvfp4stack.kernels.moe.hopper_w4a16.tile_choice import DecodeConfig
 

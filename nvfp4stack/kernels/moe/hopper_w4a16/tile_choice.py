@@ -266,7 +266,7 @@ def fill_split(pair, slots: int, num_experts: int, hidden: int, inter: int, sm_c
     l1, l2 = pair
     if not sm_count or not all(isinstance(c, DecodeConfig) and not c.wgmma and c.split_k == 1 for c in pair):
         return pair
-    blocks = min(slots, num_experts * -(-slots // (num_experts * l1.block_t)))
+    blocks = _blocks(slots, num_experts, l1.block_t)
 
     def split(c: DecodeConfig, n_tiles: int) -> DecodeConfig:
         s = 1
@@ -278,13 +278,40 @@ def fill_split(pair, slots: int, num_experts: int, hidden: int, inter: int, sm_c
     return split(l1, inter // (l1.rows // 2)), split(l2, hidden // l2.rows)
 
 
+def _blocks(slots: int, num_experts: int, block_t: int) -> int:
+    """Routing blocks of a call's ``slots`` spread evenly over ``num_experts`` (fill_split's estimate)."""
+    return min(slots, num_experts * -(-slots // (num_experts * block_t)))
+
+
+# The few-token pair's L1 loads its next K step's weights ahead (prefetch 1) under a register cap that keeps 3 of its
+# 256-thread CTAs on an SM (80: no spill, Triton 3.6; uncapped it takes 100, 2 an SM), where its whole launch then
+# runs at once. H200 (132 SMs), 2026-11-29, L2 flushed clean, 5 interleaved rounds (bench/RESULTS.md, seventeenth
+# visit; `decode_pick_ab.py --only l1p1r80`): 1.06-1.09x at one token on the Flash shapes (384 CTAs), 1.04-1.05x at
+# two (352-384), 1.02x at Pro one token (288); where the launch is larger, 0.88x (Pro two tokens, 480) and 0.92x (Flash
+# 256 four tokens Zipf, 672), so not there. The same bits: prefetching changes no arithmetic.
+L1_PREFETCH_MAXNREG = 80
+
+
+def prefetch_l1(pair, slots: int, num_experts: int, inter: int, sm_count: int):
+    """``pair`` with _DECODE_FEW's L1 (any split) at prefetch 1 under L1_PREFETCH_MAXNREG where its launch fits the
+    SMs at once at that register count; any other pair as it is."""
+    l1, l2 = pair
+    if not sm_count or not isinstance(l1, DecodeConfig) or l1 != replace(_DECODE_FEW[0], split_k=l1.split_k):
+        return pair
+    ctas = _blocks(slots, num_experts, l1.block_t) * (inter // (l1.rows // 2)) * l1.split_k
+    if ctas > 65536 // (L1_PREFETCH_MAXNREG * 32 * l1.num_warps) * sm_count:
+        return pair
+    return replace(l1, prefetch=1, maxnreg=L1_PREFETCH_MAXNREG), l2
+
+
 @lru_cache(maxsize=4096)
 def pick_call(rows_per_expert: float, slots: int, num_experts: int, hidden: int, inter: int, decode: bool,
               sm_count: int):
     """The (L1, L2) tiles one forward call runs with no override: ``pick_tiles`` for its load, then
-    ``fill_split`` for its grid. The forward, the warm-up's launch keys and the benchmarks all ask here
-    (cached: the same few loads come back at every decode step)."""
-    return fill_split(pick_tiles(rows_per_expert, hidden, inter, decode), slots, num_experts, hidden, inter, sm_count)
+    ``fill_split`` and ``prefetch_l1`` for its grid. The forward, the warm-up's launch keys and the benchmarks all ask
+    here (cached: the same few loads come back at every decode step)."""
+    pair = fill_split(pick_tiles(rows_per_expert, hidden, inter, decode), slots, num_experts, hidden, inter, sm_count)
+    return prefetch_l1(pair, slots, num_experts, inter, sm_count)
 
 
 def _t(*a, **kw) -> tuple[TileConfig, TileConfig]:

@@ -10,10 +10,9 @@ from nvfp4stack.bundle.build import DEFAULT_CHUNK_MIB, MiB
 ROOT = Path(__file__).resolve().parents[2]
 RUN_LIMIT = 64 * MiB
 MARGIN = 2 * MiB  # untracked scripts beside the tree, and a chunk a little over its size (its last wheel part)
-
-
-BLOCK = 4096  # the size check counts what files take on disk: each rounded up to whole 4 KiB blocks (measured:
-# a 56 MiB chunk beside a tree of 7.7 MiB in bytes, 9.0 MiB in blocks, was refused)
+# the size check counts what files take on disk: each rounded up to whole 4 KiB blocks (measured: a 56 MiB chunk
+# beside a tree of 7.7 MiB in bytes, 9.0 MiB in blocks, was refused)
+BLOCK = 4096
 
 
 def tracked_bytes() -> int:
